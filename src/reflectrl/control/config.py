@@ -1,0 +1,169 @@
+"""PPO hyperparameters (CleanRL's names and defaults) and named presets with tuned settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from ..errors import ConfigError
+
+# CleanRL ppo.py (discrete) and ppo_continuous_action.py (continuous) defaults for the fields that differ.
+DISCRETE_DEFAULTS = dict(learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4,
+                         ent_coef=0.01, normalize_obs=False, normalize_reward=False)
+CONTINUOUS_DEFAULTS = dict(learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10,
+                           ent_coef=0.0, normalize_obs=True, normalize_reward=True)
+
+
+@dataclass
+class PPOConfig:
+    """PPO with GAE and the clipped objective. Fields left at ``None`` take CleanRL's default for the
+    env's action space (``ppo.py`` for discrete, ``ppo_continuous_action.py`` for continuous)."""
+
+    env_id: str = "CartPole-v1"
+    """Gymnasium environment id."""
+    exp_name: str = "ppo"
+    """Name of the experiment (part of the default run directory)."""
+    seed: int = 1
+    """Seed of the network init, action sampling, minibatch order and every episode's reset."""
+    total_timesteps: int = 500_000
+    """Environment steps to train for (across all envs)."""
+    learning_rate: Optional[float] = None
+    """Adam learning rate (default 2.5e-4 discrete, 3e-4 continuous)."""
+    num_envs: Optional[int] = None
+    """Parallel environments in the SyncVectorEnv (default 4 discrete, 1 continuous)."""
+    num_steps: Optional[int] = None
+    """Steps per env per rollout (default 128 discrete, 2048 continuous)."""
+    anneal_lr: bool = True
+    """Linearly anneal the learning rate to 0 over training."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    num_minibatches: Optional[int] = None
+    """Minibatches per epoch (default 4 discrete, 32 continuous)."""
+    update_epochs: Optional[int] = None
+    """Epochs over each rollout (default 4 discrete, 10 continuous)."""
+    norm_adv: bool = True
+    """Normalize advantages within each minibatch."""
+    clip_coef: float = 0.2
+    """Lower (and, unless clip_coef_high is set, upper) clip range of the ratio."""
+    clip_coef_high: Optional[float] = None
+    """Upper clip range (clip-higher); None means symmetric."""
+    clip_vloss: bool = True
+    """Use the clipped value loss."""
+    ent_coef: Optional[float] = None
+    """Entropy bonus coefficient (default 0.01 discrete, 0.0 continuous)."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    target_kl: Optional[float] = None
+    """Stop the epochs of an update early once approx-KL exceeds this."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the actor and of the critic."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden activation."""
+    ortho_init: bool = True
+    """Orthogonal init (sqrt 2 hidden, 0.01 actor output, 1.0 critic output)."""
+    log_std_init: float = 0.0
+    """Initial log-std of the Gaussian policy (continuous actions)."""
+    normalize_obs: Optional[bool] = None
+    """Running observation normalization (default off discrete, on continuous); saved with the model."""
+    normalize_reward: Optional[bool] = None
+    """Scale rewards by the running std of the discounted return (default off discrete, on continuous)."""
+    bootstrap_truncation: bool = True
+    """Bootstrap from V(final observation) when an episode is truncated (CleanRL treats it as terminal)."""
+    threads: int = 1
+    """torch CPU threads (one is fastest for small MLPs)."""
+    save_interval: int = 10
+    """Checkpoint every this many updates (and always at the end); 0 saves only at the end."""
+    run_dir: Optional[str] = None
+    """Run directory (default runs/{env_id}__{exp_name}__{seed}__{unix time})."""
+    tensorboard: bool = True
+    """Write TensorBoard events to RUN_DIR/tb."""
+    track: bool = False
+    """Also log to Weights & Biases."""
+    wandb_project_name: str = "reflectrl"
+    """W&B project."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def resolved(self, discrete: bool) -> "PPOConfig":
+        """A copy with every ``None`` default filled in for the action-space kind, validated."""
+        base = DISCRETE_DEFAULTS if discrete else CONTINUOUS_DEFAULTS
+        fill = {k: v for k, v in base.items() if getattr(self, k) is None}
+        cfg = dataclasses.replace(self, **fill)
+        cfg.validate()
+        return cfg
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.num_envs) * int(self.num_steps)
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // int(self.num_minibatches)
+
+    @property
+    def num_updates(self) -> int:
+        return max(1, self.total_timesteps // self.batch_size)
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first impossible hyperparameter."""
+        checks = [
+            (self.total_timesteps > 0, "--total-timesteps must be positive"),
+            (self.learning_rate is None or self.learning_rate > 0, "--learning-rate must be positive"),
+            (self.num_envs is None or self.num_envs >= 1, "--num-envs must be at least 1"),
+            (self.num_steps is None or self.num_steps >= 1, "--num-steps must be at least 1"),
+            (self.num_minibatches is None or self.num_minibatches >= 1, "--num-minibatches must be at least 1"),
+            (self.update_epochs is None or self.update_epochs >= 1, "--update-epochs must be at least 1"),
+            (0.0 <= self.gamma <= 1.0, "--gamma must be in [0, 1]"),
+            (0.0 <= self.gae_lambda <= 1.0, "--gae-lambda must be in [0, 1]"),
+            (self.clip_coef > 0, "--clip-coef must be positive"),
+            (self.clip_coef_high is None or self.clip_coef_high > 0, "--clip-coef-high must be positive"),
+            (self.ent_coef is None or self.ent_coef >= 0, "--ent-coef must be non-negative"),
+            (self.vf_coef >= 0, "--vf-coef must be non-negative"),
+            (self.max_grad_norm > 0, "--max-grad-norm must be positive"),
+            (self.target_kl is None or self.target_kl > 0, "--target-kl must be positive"),
+            (len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes), "--hidden-sizes must be positive widths"),
+            (self.threads >= 1, "--threads must be at least 1"),
+            (self.save_interval >= 0, "--save-interval must be non-negative"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+        if None not in (self.num_envs, self.num_steps, self.num_minibatches):
+            if self.batch_size % self.num_minibatches:
+                raise ConfigError(f"the batch (--num-envs {self.num_envs} x --num-steps {self.num_steps} = "
+                                  f"{self.batch_size}) is not divisible by --num-minibatches {self.num_minibatches}")
+            if self.total_timesteps < self.batch_size:
+                raise ConfigError(f"--total-timesteps {self.total_timesteps} is smaller than one batch "
+                                  f"({self.batch_size} = num_envs x num_steps)")
+
+
+# Presets are named after their env id; explicit flags override their values.
+# LunarLander-v3 and HalfCheetah-v5: RL Baselines3 Zoo's tuned PPO hyperparameters (hyperparams/ppo.yml,
+# for LunarLander-v2 and HalfCheetah-v3), translated to CleanRL's names
+# (n_steps -> num_steps, batch_size -> batch / num_minibatches, n_epochs -> update_epochs).
+PRESETS: dict[str, dict] = {
+    "LunarLander-v3": dict(
+        env_id="LunarLander-v3", total_timesteps=1_000_000, num_envs=16, num_steps=1024, num_minibatches=256,
+        update_epochs=4, gamma=0.999, gae_lambda=0.98, ent_coef=0.01, learning_rate=3e-4, anneal_lr=False,
+        clip_vloss=False,
+    ),
+    "HalfCheetah-v5": dict(
+        env_id="HalfCheetah-v5", total_timesteps=1_000_000, num_envs=1, num_steps=512, num_minibatches=8,
+        update_epochs=20, gamma=0.98, gae_lambda=0.92, learning_rate=2.0633e-05, ent_coef=0.000401762,
+        clip_coef=0.1, max_grad_norm=0.8, vf_coef=0.58096, anneal_lr=False, clip_vloss=False,
+        normalize_obs=True, normalize_reward=True, hidden_sizes=(256, 256), activation="relu",
+        ortho_init=False, log_std_init=-2.0,
+    ),
+}
+
+
+def preset_config(name: str) -> PPOConfig:
+    """The PPOConfig of a named preset."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(sorted(PRESETS))}")
+    return PPOConfig(**PRESETS[name])

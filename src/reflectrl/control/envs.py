@@ -1,0 +1,214 @@
+"""Gymnasium vector environments with explicit, replayable resets, and running normalizers.
+
+reflectrl steps a ``SyncVectorEnv`` with autoreset **disabled** and resets finished sub-envs
+itself, each episode from an integer seed derived from ``(seed, env index, episode number)``.
+That gives three things at once: the final observation of every episode is the one ``step``
+returned (so truncation can bootstrap from it), groups of episodes can share a reset seed, and a
+checkpoint can rebuild each env's exact state by replaying the current episode's actions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+
+import gymnasium as gym
+import numpy as np
+
+from ..errors import ConfigError
+
+
+def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
+    """Return the spec of ``env_id`` or raise ConfigError suggesting close registered ids."""
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error as exc:
+        close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown Gymnasium env id {env_id!r} ({type(exc).__name__}){hint}") from None
+
+
+def episode_seed(seed: int, env_index: int, episode: int) -> int:
+    """The reset seed of one episode: a pure function of the run seed, env index and episode number."""
+    return int(np.random.SeedSequence([seed, env_index, episode]).generate_state(1)[0])
+
+
+class LeanSyncVectorEnv(gym.vector.SyncVectorEnv):
+    """``SyncVectorEnv`` with autoreset disabled and a leaner ``step``: the same results, without the
+    generic per-step space iteration and info merging (about a quarter of a cheap env's step time).
+    Infos are merged only when a sub-env returns a non-empty one."""
+
+    def __init__(self, env_fns, **kwargs):
+        super().__init__(env_fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED, **kwargs)
+        self._discrete = isinstance(self.single_action_space, gym.spaces.Discrete)
+        self._obs_buf = np.zeros((self.num_envs, *self.single_observation_space.shape),
+                                 dtype=self.single_observation_space.dtype)
+
+    def step(self, actions):
+        acts = actions.tolist() if self._discrete else actions
+        infos: dict = {}
+        obs = self._obs_buf
+        for i, env in enumerate(self.envs):
+            o, self._rewards[i], self._terminations[i], self._truncations[i], info = env.step(acts[i])
+            obs[i] = o
+            if info:
+                infos = self._add_info(infos, info, i)
+        self._observations = obs.copy()
+        return (obs.copy(), self._rewards.copy(), self._terminations.copy(), self._truncations.copy(), infos)
+
+    def reset(self, *, seed=None, options=None):
+        out = super().reset(seed=seed, options=options)
+        self._obs_buf[...] = out[0]
+        return out
+
+
+def make_vector_env(env_id: str, num_envs: int, lean: bool = True, **env_kwargs) -> gym.vector.SyncVectorEnv:
+    """A SyncVectorEnv of ``num_envs`` copies of ``env_id`` with autoreset disabled (reflectrl resets)."""
+    check_env_id(env_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        fns = [lambda: gym.make(env_id, disable_env_checker=True, **env_kwargs) for _ in range(num_envs)]
+        if lean and _lean_ok(fns[0]):
+            return LeanSyncVectorEnv(fns)
+        return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+
+
+def _lean_ok(fn) -> bool:
+    """The lean step handles flat Box observations with Discrete or Box actions."""
+    env = fn()
+    ok = isinstance(env.observation_space, gym.spaces.Box) and isinstance(
+        env.action_space, (gym.spaces.Discrete, gym.spaces.Box))
+    env.close()
+    return ok
+
+
+class EpisodeTracker:
+    """Per-env episode bookkeeping: episode numbers, raw return and length, and the actions taken
+    since each env's last reset (kept once per vector step, trimmed as episodes end; for replay)."""
+
+    def __init__(self, seed: int, num_envs: int):
+        self.seed, self.num_envs = seed, num_envs
+        self.episode = np.zeros(num_envs, dtype=np.int64)
+        self.ret = np.zeros(num_envs, dtype=np.float64)
+        self.length = np.zeros(num_envs, dtype=np.int64)
+        self.steps: list[np.ndarray] = []  # actions of vector steps base, base+1, ...
+        self.base = 0
+        self.start = np.zeros(num_envs, dtype=np.int64)  # vector-step index of each episode's reset
+
+    def seeds(self, mask: np.ndarray | None = None) -> list[int | None]:
+        """Reset seeds for the envs in ``mask`` (all when None)."""
+        return [episode_seed(self.seed, i, int(self.episode[i])) if mask is None or mask[i] else None
+                for i in range(self.num_envs)]
+
+    def record(self, actions: np.ndarray, rewards: np.ndarray) -> None:
+        """Account one vector step."""
+        self.ret += rewards
+        self.length += 1
+        self.steps.append(np.array(actions, copy=True))
+
+    def finish(self, done: np.ndarray) -> tuple[list[float], list[int]]:
+        """Close the episodes in ``done``; return their raw returns and lengths."""
+        idx = np.flatnonzero(done)
+        rets, lens = self.ret[idx].tolist(), self.length[idx].tolist()
+        self.ret[idx] = 0.0
+        self.length[idx] = 0
+        self.episode[idx] += 1
+        self.start[idx] = self.base + len(self.steps)
+        drop = int(self.start.min()) - self.base
+        if drop > 0:
+            del self.steps[:drop]
+            self.base += drop
+        return rets, lens
+
+    def episode_actions(self, i: int) -> list[np.ndarray]:
+        """Actions env ``i`` took since its last reset."""
+        return [a[i] for a in self.steps[int(self.start[i]) - self.base:]]
+
+    def state(self) -> dict:
+        """Everything needed to rebuild the tracker (JSON-able plus one action array)."""
+        acts = np.stack(self.steps) if self.steps else np.zeros((0, self.num_envs))
+        return {"episode": self.episode.tolist(), "ret": self.ret.tolist(), "length": self.length.tolist(),
+                "base": self.base, "start": self.start.tolist(), "actions": acts}
+
+    def load(self, st: dict) -> None:
+        self.episode = np.array(st["episode"], np.int64)
+        self.ret = np.array(st["ret"], np.float64)
+        self.length = np.array(st["length"], np.int64)
+        self.base, self.start = int(st["base"]), np.array(st["start"], np.int64)
+        self.steps = list(st["actions"])
+
+
+def reset_all(envs: gym.vector.SyncVectorEnv, tracker: EpisodeTracker) -> np.ndarray:
+    """Reset every sub-env from its current episode seed."""
+    obs, _ = envs.reset(seed=tracker.seeds())
+    return np.array(obs, copy=True)
+
+
+def reset_done(envs: gym.vector.SyncVectorEnv, tracker: EpisodeTracker, obs: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """Reset the finished sub-envs (after ``tracker.finish``) and return the next observations."""
+    new_obs, _ = envs.reset(seed=tracker.seeds(done), options={"reset_mask": done.astype(np.bool_)})
+    obs = np.array(obs, copy=True)
+    obs[done] = new_obs[done]
+    return obs
+
+
+def replay(envs: gym.vector.SyncVectorEnv, tracker: EpisodeTracker) -> np.ndarray:
+    """Rebuild each sub-env's state: reset from its episode seed, then re-apply its recorded actions."""
+    obs = reset_all(envs, tracker)
+    for i, env in enumerate(envs.envs):
+        for a in tracker.episode_actions(i):
+            o, *_ = env.step(a)
+            obs[i] = o
+    return obs
+
+
+class RunningMeanStd:
+    """Running mean and variance (parallel/Welford update) in float64."""
+
+    def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = epsilon
+
+    def update(self, x: np.ndarray) -> None:
+        """Fold a batch (first axis = samples) into the statistics."""
+        b_mean, b_var, b_count = x.mean(0), x.var(0), x.shape[0]
+        delta = b_mean - self.mean
+        tot = self.count + b_count
+        self.mean = self.mean + delta * b_count / tot
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / tot
+        self.var = m2 / tot
+        self.count = tot
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": np.array([self.count])}
+
+    def load(self, st: dict[str, np.ndarray]) -> None:
+        self.mean, self.var, self.count = st["mean"].copy(), st["var"].copy(), float(st["count"][0])
+
+
+class ObsNormalizer:
+    """Normalizes observations by running statistics, clipped to ``[-clip, clip]`` (as SB3's VecNormalize)."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
+        self.rms, self.clip, self.eps = RunningMeanStd(shape), clip, eps
+
+    def __call__(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
+        if update:
+            self.rms.update(obs)
+        return np.clip((obs - self.rms.mean) / np.sqrt(self.rms.var + self.eps), -self.clip, self.clip)
+
+
+class RewardNormalizer:
+    """Scales rewards by the running std of the discounted return (as SB3's VecNormalize / CleanRL)."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, eps: float = 1e-8):
+        self.rms, self.gamma, self.clip, self.eps = RunningMeanStd(()), gamma, clip, eps
+        self.returns = np.zeros(num_envs, np.float64)
+
+    def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.gamma + rewards
+        self.rms.update(self.returns)
+        out = np.clip(rewards / np.sqrt(self.rms.var + self.eps), -self.clip, self.clip)
+        self.returns[done] = 0.0
+        return out

@@ -1,0 +1,118 @@
+"""Advantage estimators on the ``[rows, steps]`` layout: GAE (with truncation bootstrap) and group-relative."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .masked import masked_whiten
+from .registry import register_adv_est
+
+
+def gae(
+    rewards: Tensor,
+    values: Tensor,
+    next_values: Tensor,
+    terminated: Tensor,
+    episode_end: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """Generalized Advantage Estimation over ``[rows, steps]``; returns ``(advantages, returns)``.
+
+    ``next_values[r, t]`` is the value of the state reached by step ``t``: V(s_{t+1}) inside an
+    episode, V(final observation) when the episode was **truncated** at ``t`` (so truncation
+    bootstraps), and anything when it **terminated** (it is multiplied by 0). ``episode_end`` is
+    ``terminated | truncated``: it stops the lambda-recursion so advantages never cross episodes.
+    """
+    not_term = 1.0 - terminated.to(values.dtype)
+    not_end = 1.0 - episode_end.to(values.dtype)
+    deltas = rewards + gamma * not_term * next_values - values
+    adv = torch.zeros_like(values)
+    last = torch.zeros_like(values[:, 0])
+    decay = gamma * lam * not_end
+    for t in range(values.shape[1] - 1, -1, -1):
+        last = deltas[:, t] + decay[:, t] * last
+        adv[:, t] = last
+    return adv, adv + values
+
+
+def next_values_from(values: Tensor, bootstrap: Tensor, final_values: Tensor | None = None,
+                     truncated: Tensor | None = None) -> Tensor:
+    """Build ``next_values`` for :func:`gae`: shift ``values`` left, append ``bootstrap`` (V of the
+    observation after the last step), and put V(final observation) where an episode was truncated."""
+    nxt = torch.cat([values[:, 1:], bootstrap.reshape(-1, 1).to(values.dtype)], dim=1)
+    if final_values is not None and truncated is not None:
+        nxt = torch.where(truncated.bool(), final_values, nxt)
+    return nxt
+
+
+def discounted_returns(rewards: Tensor, episode_end: Tensor, gamma: float) -> Tensor:
+    """Monte-Carlo returns G_t = r_t + gamma * G_{t+1}, reset at episode ends (no bootstrap)."""
+    out = torch.zeros_like(rewards)
+    run = torch.zeros_like(rewards[:, 0])
+    keep = 1.0 - episode_end.to(rewards.dtype)
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        run = rewards[:, t] + gamma * keep[:, t] * run
+        out[:, t] = run
+    return out
+
+
+def group_advantages(scores: Tensor, index: Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """Group-relative advantage of each sequence score: ``(s - mean_g)`` (Dr.GRPO) or
+    ``(s - mean_g) / (std_g + eps)`` (GRPO, unbiased std). A group of one, or a group whose scores
+    are all equal, gets advantage 0."""
+    scores = scores.to(torch.float32) if not scores.is_floating_point() else scores
+    _, inv, counts = torch.unique(index, return_inverse=True, return_counts=True)
+    n = counts.to(scores.dtype)
+    sums = torch.zeros(len(counts), dtype=scores.dtype).index_add_(0, inv, scores)
+    mean = sums / n
+    centred = scores - mean[inv]
+    if not norm_by_std:
+        return torch.where(n[inv] > 1, centred, torch.zeros_like(centred))
+    sq = torch.zeros(len(counts), dtype=scores.dtype).index_add_(0, inv, centred**2)
+    std = (sq / (n - 1).clamp_min(1)).sqrt()
+    adv = centred / (std[inv] + eps)
+    return torch.where(n[inv] > 1, adv, torch.zeros_like(adv))
+
+
+def _sequence_scores(token_level_rewards: Tensor, response_mask: Tensor) -> Tensor:
+    return (token_level_rewards * response_mask).sum(-1)
+
+
+@register_adv_est("grpo")
+def grpo_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor, config=None,
+                   **kwargs) -> tuple[Tensor, Tensor]:
+    """GRPO outcome advantage: group mean/std normalized sequence score, broadcast over tokens."""
+    eps = getattr(config, "eps", 1e-6) if config is not None else 1e-6
+    adv = group_advantages(_sequence_scores(token_level_rewards, response_mask), index, True, eps)
+    out = adv[:, None] * response_mask
+    return out, out
+
+
+@register_adv_est("drgrpo")
+def drgrpo_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor, config=None,
+                     **kwargs) -> tuple[Tensor, Tensor]:
+    """Dr.GRPO outcome advantage: group mean-centred score only (no std), broadcast over tokens."""
+    adv = group_advantages(_sequence_scores(token_level_rewards, response_mask), index, False)
+    out = adv[:, None] * response_mask
+    return out, out
+
+
+@register_adv_est("gae")
+def gae_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor | None = None,
+                  config=None, *, values: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
+    """GAE for token sequences (verl signature): episode ends at the last real token of each row."""
+    gamma = getattr(config, "gamma", 1.0) if config is not None else 1.0
+    lam = getattr(config, "lam", 1.0) if config is not None else 1.0
+    mask = response_mask.to(values.dtype)
+    values = values * mask
+    nxt = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
+    last = torch.zeros_like(mask, dtype=torch.bool)
+    lengths = mask.sum(-1).long().clamp_min(1)
+    last[torch.arange(len(lengths)), lengths - 1] = True
+    # A padded step has mask 0: zero reward, zero value; treat it as terminated so it adds nothing.
+    ended = last | (mask == 0)
+    adv, ret = gae(token_level_rewards * mask, values, nxt, ended, ended, gamma, lam)
+    adv = masked_whiten(adv, mask) if getattr(config, "whiten", True) else adv * mask
+    return adv, ret * mask

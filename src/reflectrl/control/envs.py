@@ -50,7 +50,7 @@ class LeanSyncVectorEnv(gym.vector.SyncVectorEnv):
         obs = self._obs_buf
         for i, env in enumerate(self.envs):
             o, self._rewards[i], self._terminations[i], self._truncations[i], info = env.step(acts[i])
-            obs[i] = o
+            obs[i] = self._env_obs[i] = o
             if info:
                 infos = self._add_info(infos, info, i)
         self._observations = obs.copy()
@@ -181,10 +181,12 @@ class RunningMeanStd:
         self.count = tot
 
     def state(self) -> dict[str, np.ndarray]:
-        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": np.array([self.count])}
+        return {"mean": np.array(self.mean, np.float64), "var": np.array(self.var, np.float64),
+                "count": np.array([self.count], np.float64)}
 
     def load(self, st: dict[str, np.ndarray]) -> None:
-        self.mean, self.var, self.count = st["mean"].copy(), st["var"].copy(), float(st["count"][0])
+        self.mean, self.var = np.array(st["mean"], np.float64), np.array(st["var"], np.float64)
+        self.count = float(st["count"][0])
 
 
 class ObsNormalizer:

@@ -9,6 +9,7 @@ from .advantages import (
     gae,
     gae_advantage,
     group_advantages,
+    masked_gae,
     grpo_advantage,
     next_values_from,
 )
@@ -19,7 +20,7 @@ from .registry import get_adv_est, get_shaper, list_registered, register_adv_est
 __all__ = [
     "LOSS_AGG_MODES", "agg_loss", "approx_kl", "discounted_returns", "drgrpo_advantage",
     "entropy_from_logits", "explained_variance", "gae", "gae_advantage", "get_adv_est", "get_shaper",
-    "group_advantages", "grpo_advantage", "list_registered", "masked_mean", "masked_sum", "masked_var",
+    "group_advantages", "masked_gae", "grpo_advantage", "list_registered", "masked_mean", "masked_sum", "masked_var",
     "masked_whiten", "next_values_from", "ppo_policy_loss", "register_adv_est", "register_shaper",
     "value_loss",
 ]

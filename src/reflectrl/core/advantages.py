@@ -63,17 +63,29 @@ def group_advantages(scores: Tensor, index: Tensor, norm_by_std: bool = True, ep
     ``(s - mean_g) / (std_g + eps)`` (GRPO, unbiased std). A group of one, or a group whose scores
     are all equal, gets advantage 0."""
     scores = scores.to(torch.float32) if not scores.is_floating_point() else scores
-    _, inv, counts = torch.unique(index, return_inverse=True, return_counts=True)
+    inv, counts = _group_ids(index, scores.device)
     n = counts.to(scores.dtype)
-    sums = torch.zeros(len(counts), dtype=scores.dtype).index_add_(0, inv, scores)
+    sums = torch.zeros(len(counts), dtype=scores.dtype, device=scores.device).index_add_(0, inv, scores)
     mean = sums / n
     centred = scores - mean[inv]
     if not norm_by_std:
         return torch.where(n[inv] > 1, centred, torch.zeros_like(centred))
-    sq = torch.zeros(len(counts), dtype=scores.dtype).index_add_(0, inv, centred**2)
+    sq = torch.zeros(len(counts), dtype=scores.dtype, device=scores.device).index_add_(0, inv, centred**2)
     std = (sq / (n - 1).clamp_min(1)).sqrt()
     adv = centred / (std[inv] + eps)
     return torch.where(n[inv] > 1, adv, torch.zeros_like(adv))
+
+
+def _group_ids(index, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Dense group ids and group sizes from a tensor, list or numpy array of any hashable ids
+    (verl passes uid strings as a numpy object array)."""
+    if torch.is_tensor(index):
+        _, inv, counts = torch.unique(index, return_inverse=True, return_counts=True)
+        return inv.to(device), counts.to(device)
+    import numpy as np
+
+    _, inv, counts = np.unique(np.asarray(index), return_inverse=True, return_counts=True)
+    return torch.as_tensor(inv.reshape(-1), device=device), torch.as_tensor(counts, device=device)
 
 
 def _sequence_scores(token_level_rewards: Tensor, response_mask: Tensor) -> Tensor:
@@ -99,20 +111,31 @@ def drgrpo_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: 
     return out, out
 
 
+def masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """GAE over token rows whose mask may have holes (multi-turn feedback tokens): masked-out steps
+    are skipped, so the step before a hole bootstraps from the next *real* step; the episode ends
+    after the last real step. Masked steps get advantage 0."""
+    mask = mask.to(values.dtype)
+    adv = torch.zeros_like(values)
+    next_v = torch.zeros_like(values[:, 0])
+    last = torch.zeros_like(values[:, 0])
+    for t in range(values.shape[1] - 1, -1, -1):
+        m = mask[:, t]
+        g = rewards[:, t] + gamma * next_v - values[:, t] + gamma * lam * last
+        adv[:, t] = g * m
+        next_v = m * values[:, t] + (1 - m) * next_v
+        last = m * g + (1 - m) * last
+    return adv, (adv + values) * mask
+
+
 @register_adv_est("gae")
 def gae_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor | None = None,
                   config=None, *, values: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
-    """GAE for token sequences (verl signature): episode ends at the last real token of each row."""
+    """GAE for token sequences (verl signature); see :func:`masked_gae`. Whitened unless
+    ``config.whiten`` is False."""
     gamma = getattr(config, "gamma", 1.0) if config is not None else 1.0
     lam = getattr(config, "lam", 1.0) if config is not None else 1.0
     mask = response_mask.to(values.dtype)
-    values = values * mask
-    nxt = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
-    last = torch.zeros_like(mask, dtype=torch.bool)
-    lengths = mask.sum(-1).long().clamp_min(1)
-    last[torch.arange(len(lengths)), lengths - 1] = True
-    # A padded step has mask 0: zero reward, zero value; treat it as terminated so it adds nothing.
-    ended = last | (mask == 0)
-    adv, ret = gae(token_level_rewards * mask, values, nxt, ended, ended, gamma, lam)
-    adv = masked_whiten(adv, mask) if getattr(config, "whiten", True) else adv * mask
-    return adv, ret * mask
+    adv, ret = masked_gae(token_level_rewards * mask, values * mask, mask, gamma, lam)
+    adv = masked_whiten(adv, mask) if getattr(config, "whiten", True) else adv
+    return adv, ret

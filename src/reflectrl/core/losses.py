@@ -61,7 +61,8 @@ def value_loss(
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the categorical distribution given by ``logits`` along the last axis."""
     logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
 
 
 def approx_kl(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:

@@ -1,0 +1,165 @@
+"""The ``reflectrl`` command line: train, eval, presets, sandbox, demo.
+
+Every error a user can cause ends in one ``error: ...`` line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from .errors import ConfigError, ReflectRLError
+
+ALGOS = ("ppo",)
+
+TRAIN_HEADER = """usage: reflectrl train [--algo {algos}] [--preset NAME] [--resume RUN_DIR] [HYPERPARAMETER FLAGS]
+
+Train an agent. --preset NAME starts from a named preset (named after its env id; see
+`reflectrl presets`); explicit flags override the preset's values. --resume RUN_DIR continues an
+interrupted or finished run from its latest checkpoint (optionally with a larger --total-timesteps).
+"""
+
+
+def _train_front(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    ap = argparse.ArgumentParser(prog="reflectrl train", add_help=False)
+    ap.add_argument("--algo", default="ppo")
+    ap.add_argument("--preset", default=None)
+    ap.add_argument("--resume", default=None)
+    return ap.parse_known_args(argv)
+
+
+def cmd_train(argv: list[str]) -> int:
+    """``reflectrl train``: new run (PPOConfig flags, optionally on a preset) or ``--resume``."""
+    import tyro
+
+    from .control import PPO, PPOConfig, preset_config
+    from .control.ppo import CHECKPOINT
+
+    front, rest = _train_front(argv)
+    if "-h" in rest or "--help" in rest:
+        print(TRAIN_HEADER.format(algos="|".join(ALGOS)))
+    if front.algo not in ALGOS:
+        raise ConfigError(f"unknown --algo {front.algo!r}; available: {', '.join(ALGOS)}")
+    if front.resume is not None:
+        ap = argparse.ArgumentParser(prog="reflectrl train --resume RUN_DIR")
+        ap.add_argument("--total-timesteps", type=int, default=None)
+        ap.add_argument("--no-progress", action="store_true")
+        extra = ap.parse_args(rest)
+        overrides = {"progress": False} if extra.no_progress else {}
+        trainer = PPO.resume(front.resume, extra.total_timesteps, **overrides)
+    else:
+        default = preset_config(front.preset) if front.preset else PPOConfig()
+        cfg = tyro.cli(PPOConfig, args=rest, default=default, prog="reflectrl train")
+        if cfg.run_dir and (Path(cfg.run_dir) / CHECKPOINT).exists():
+            raise ConfigError(f"run directory {cfg.run_dir} already holds a run; continue it with "
+                              f"`reflectrl train --resume {cfg.run_dir}` or choose another --run-dir")
+        trainer = PPO(cfg)
+    summary = trainer.learn()
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_eval(argv: list[str]) -> int:
+    """``reflectrl eval RUN_DIR``: mean/std return of the deterministic policy."""
+    from .control.evaluate import EVAL_SEED, evaluate
+
+    ap = argparse.ArgumentParser(prog="reflectrl eval", description="Evaluate a run's latest checkpoint.")
+    ap.add_argument("run_dir", help="run directory written by `reflectrl train`")
+    ap.add_argument("--episodes", type=int, default=20, help="episodes to run (default 20)")
+    ap.add_argument("--seed", type=int, default=EVAL_SEED, help="seed of the evaluation episodes' resets")
+    ap.add_argument("--stochastic", action="store_true", help="sample actions instead of the deterministic policy")
+    ap.add_argument("--json", action="store_true", help="print one JSON object with mean, std, episodes")
+    args = ap.parse_args(argv)
+    if args.episodes < 1:
+        raise ConfigError("--episodes must be at least 1")
+    import numpy as np
+
+    rets = evaluate(args.run_dir, args.episodes, args.seed, deterministic=not args.stochastic)
+    out = {"mean": float(np.mean(rets)), "std": float(np.std(rets)), "episodes": len(rets), "returns": rets}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{args.run_dir}: mean return {out['mean']:.2f} +/- {out['std']:.2f} over {len(rets)} episodes")
+    return 0
+
+
+def cmd_presets(argv: list[str]) -> int:
+    """``reflectrl presets``: the named presets and their values."""
+    from .control import PRESETS
+
+    argparse.ArgumentParser(prog="reflectrl presets", description="List the named presets.").parse_args(argv)
+    for name, values in PRESETS.items():
+        print(f"{name}: " + json.dumps(values))
+    return 0
+
+
+def cmd_sandbox(argv: list[str]) -> int:
+    """``reflectrl sandbox ...``: run untrusted code against tests in the sandbox."""
+    from .tasks.sandbox_cli import main as sandbox_main
+
+    return sandbox_main(argv)
+
+
+def cmd_demo(argv: list[str]) -> int:
+    """``reflectrl demo``: a short PPO run on LunarLander-v3, then a deterministic evaluation."""
+    ap = argparse.ArgumentParser(prog="reflectrl demo", description=cmd_demo.__doc__)
+    ap.add_argument("--total-timesteps", type=int, default=200_000)
+    ap.add_argument("--out", default="runs/demo")
+    args = ap.parse_args(argv)
+    from .control import PPO, PPOConfig
+    from .control.evaluate import evaluate
+
+    run_dir = Path(args.out) / "LunarLander-v3__ppo__1"
+    if (run_dir / "checkpoint.safetensors").exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    cfg = PPOConfig(env_id="LunarLander-v3", num_envs=8, num_steps=128, total_timesteps=args.total_timesteps,
+                    run_dir=str(run_dir))
+    summary = PPO(cfg).learn()
+    import numpy as np
+
+    rets = evaluate(run_dir, 20)
+    print(f"trained {summary['global_step']} steps at {summary['sps']:.0f} steps/s; deterministic return over "
+          f"20 episodes: {np.mean(rets):.1f} +/- {np.std(rets):.1f}")
+    print(f"run directory: {run_dir} (metrics.jsonl, TensorBoard events in tb/, checkpoint.safetensors)")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "presets": cmd_presets, "sandbox": cmd_sandbox, "demo": cmd_demo}
+
+USAGE = """usage: reflectrl COMMAND [ARGS]
+
+commands:
+  train     train an agent (reflectrl train --help)
+  eval      evaluate a run directory's latest checkpoint
+  presets   list the named hyperparameter presets
+  sandbox   run untrusted code against unit tests in the sandbox
+  demo      a short PPO run on LunarLander-v3 and its evaluation
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``reflectrl`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except ReflectRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; continue with `reflectrl train --resume RUN_DIR`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

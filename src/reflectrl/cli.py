@@ -13,8 +13,6 @@ from pathlib import Path
 
 from .errors import ConfigError, ReflectRLError
 
-ALGOS = ("ppo",)
-
 TRAIN_HEADER = """usage: reflectrl train [--algo {algos}] [--preset NAME] [--resume RUN_DIR] [HYPERPARAMETER FLAGS]
 
 Train an agent. --preset NAME starts from a named preset (named after its env id; see
@@ -35,28 +33,30 @@ def cmd_train(argv: list[str]) -> int:
     """``reflectrl train``: new run (PPOConfig flags, optionally on a preset) or ``--resume``."""
     import tyro
 
-    from .control import PPO, PPOConfig, preset_config
-    from .control.ppo import CHECKPOINT
+    from .control.algos import algo_names, get_algo
+    from .control.config import PRESETS
+    from .control.ppo import CHECKPOINT, run_algo
 
     front, rest = _train_front(argv)
     if "-h" in rest or "--help" in rest:
-        print(TRAIN_HEADER.format(algos="|".join(ALGOS)))
-    if front.algo not in ALGOS:
-        raise ConfigError(f"unknown --algo {front.algo!r}; available: {', '.join(ALGOS)}")
+        print(TRAIN_HEADER.format(algos="|".join(algo_names())))
     if front.resume is not None:
         ap = argparse.ArgumentParser(prog="reflectrl train --resume RUN_DIR")
         ap.add_argument("--total-timesteps", type=int, default=None)
         ap.add_argument("--no-progress", action="store_true")
         extra = ap.parse_args(rest)
         overrides = {"progress": False} if extra.no_progress else {}
-        trainer = PPO.resume(front.resume, extra.total_timesteps, **overrides)
+        trainer = get_algo(run_algo(Path(front.resume))).resume(front.resume, extra.total_timesteps, **overrides)
     else:
-        default = preset_config(front.preset) if front.preset else PPOConfig()
-        cfg = tyro.cli(PPOConfig, args=rest, default=default, prog="reflectrl train")
+        algo = get_algo(front.algo)
+        if front.preset is not None and front.preset not in PRESETS:
+            raise ConfigError(f"unknown preset {front.preset!r}; available: {', '.join(sorted(PRESETS))}")
+        default = algo.config_cls(**PRESETS[front.preset]) if front.preset else algo.config_cls()
+        cfg = tyro.cli(algo.config_cls, args=rest, default=default, prog=f"reflectrl train --algo {algo.name}")
         if cfg.run_dir and (Path(cfg.run_dir) / CHECKPOINT).exists():
             raise ConfigError(f"run directory {cfg.run_dir} already holds a run; continue it with "
                               f"`reflectrl train --resume {cfg.run_dir}` or choose another --run-dir")
-        trainer = PPO(cfg)
+        trainer = algo.build(cfg)
     summary = trainer.learn()
     print(json.dumps(summary))
     return 0
@@ -103,6 +103,17 @@ def cmd_sandbox(argv: list[str]) -> int:
     return sandbox_main(argv)
 
 
+def _delegate(module: str, func: str = "main"):
+    """A command implemented in another module as ``main(argv) -> int`` (imported only when used)."""
+
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(module), func)(argv)
+
+    return run
+
+
 def cmd_demo(argv: list[str]) -> int:
     """``reflectrl demo``: a short PPO run on LunarLander-v3, then a deterministic evaluation."""
     ap = argparse.ArgumentParser(prog="reflectrl demo", description=cmd_demo.__doc__)
@@ -129,7 +140,11 @@ def cmd_demo(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "presets": cmd_presets, "sandbox": cmd_sandbox, "demo": cmd_demo}
+COMMANDS = {
+    "train": cmd_train, "eval": cmd_eval, "presets": cmd_presets, "sandbox": cmd_sandbox, "demo": cmd_demo,
+    "compare": _delegate("reflectrl.eval.compare", "main"), "plot": _delegate("reflectrl.eval.compare", "plot_main"),
+    "llm": _delegate("reflectrl.llm.cli"), "tasks": _delegate("reflectrl.tasks.cli"),
+}
 
 USAGE = """usage: reflectrl COMMAND [ARGS]
 
@@ -138,6 +153,10 @@ commands:
   eval      evaluate a run directory's latest checkpoint
   presets   list the named hyperparameter presets
   sandbox   run untrusted code against unit tests in the sandbox
+  compare   methods x envs x seeds, with report.md and curves.png
+  plot      redraw curves from run directories
+  llm       LLM agents: init-tiny, warmup, train (GRPO family), eval
+  tasks     verifiable tasks: validate reference solutions
   demo      a short PPO run on LunarLander-v3 and its evaluation
 """
 

@@ -50,6 +50,8 @@ class Rollout:
 class PPO:
     """The PPO trainer. ``PPO(PPOConfig(env_id="LunarLander-v3")).learn()``."""
 
+    algo_name = "ppo"
+
     def __init__(self, config: PPOConfig, hooks: list[Any] | None = None):
         probe = make_vector_env(config.env_id, 1)
         from gymnasium import spaces
@@ -220,7 +222,7 @@ class PPO:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.run_dir / "config.json"
         if not cfg_path.exists():
-            cfg_path.write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
+            cfg_path.write_text(json.dumps({"algo": self.algo_name, **dataclasses.asdict(self.cfg)}, indent=2))
         logger = RunLogger(self.run_dir, dataclasses.asdict(cfg), cfg.tensorboard, cfg.track,
                            cfg.wandb_project_name, self.run_dir.name)
         start_step, t_start = self.global_step, time.perf_counter()
@@ -304,22 +306,38 @@ class PPO:
         self.obs = self._norm_obs(self.raw_obs, update=False)
 
     @classmethod
-    def resume(cls, run_dir: str | Path, total_timesteps: int | None = None, **overrides: Any) -> "PPO":
-        """Rebuild a trainer from a run directory's ``config.json`` and latest checkpoint."""
+    def resume(cls, run_dir: str | Path, total_timesteps: int | None = None, config_cls: type = PPOConfig,
+               make_hooks: Any = None, **overrides: Any) -> "PPO":
+        """Rebuild a trainer from a run directory's ``config.json`` and latest checkpoint.
+
+        ``config_cls`` and ``make_hooks(cfg) -> hooks`` rebuild a method that runs on top of PPO."""
         run_dir = Path(run_dir)
-        cfg = load_run_config(run_dir)
+        cfg = load_run_config(run_dir, config_cls)
         tensors, meta = load_checkpoint(run_dir / CHECKPOINT)
         if total_timesteps is not None:
             cfg.total_timesteps = total_timesteps
         cfg = dataclasses.replace(cfg, run_dir=str(run_dir), **overrides)
-        trainer = cls(cfg)
+        trainer = cls(cfg, hooks=make_hooks(cfg) if make_hooks else None)
         trainer.load_state(tensors, meta)
         truncate_metrics(run_dir / "metrics.jsonl", trainer.update_idx)
         return trainer
 
 
-def load_run_config(run_dir: Path) -> PPOConfig:
-    """Read ``RUN_DIR/config.json`` into a PPOConfig."""
+def run_algo(run_dir: Path) -> str:
+    """The ``algo`` a run directory was trained with (``ppo`` for runs that predate the field)."""
+    path = Path(run_dir) / "config.json"
+    try:
+        return json.loads(path.read_text()).get("algo", "ppo")
+    except FileNotFoundError:
+        if not Path(run_dir).is_dir():
+            raise CheckpointError(f"run directory {run_dir} does not exist") from None
+        raise CheckpointError(f"{run_dir} is not a reflectrl run directory (no config.json)") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is corrupt ({exc})") from None
+
+
+def load_run_config(run_dir: Path, config_cls: type = PPOConfig) -> PPOConfig:
+    """Read ``RUN_DIR/config.json`` into ``config_cls`` (a PPOConfig or a subclass)."""
     path = Path(run_dir) / "config.json"
     if not Path(run_dir).is_dir():
         raise CheckpointError(f"run directory {run_dir} does not exist")
@@ -327,10 +345,8 @@ def load_run_config(run_dir: Path) -> PPOConfig:
         raise CheckpointError(f"{run_dir} is not a reflectrl run directory (no config.json)")
     try:
         raw = json.loads(path.read_text())
-        names = {f.name for f in dataclasses.fields(PPOConfig)}
-        raw = {k: v for k, v in raw.items() if k in names}
-        if "hidden_sizes" in raw:
-            raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
-        return PPOConfig(**raw)
+        fields = {f.name: f for f in dataclasses.fields(config_cls)}
+        raw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in fields}
+        return config_cls(**raw)
     except (json.JSONDecodeError, TypeError) as exc:
         raise CheckpointError(f"{path} is corrupt ({exc})") from None

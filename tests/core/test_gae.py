@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -358,3 +359,24 @@ def test_discounted_returns_equal_gae_lambda_one_with_zero_values():
     # hand: G_1 = -1, G_0 = 0.5 - 0.9 = -0.4 ; G_4 = 3, G_3 = 0.25 + 2.7 = 2.95, G_2 = 2 + 2.655 = 4.655
     close(discounted_returns(rewards, end, 0.9), [[-0.4, -1.0, 4.655, 2.95, 3.0]])
     torch.testing.assert_close(ret, discounted_returns(rewards, end, 0.9), rtol=0, atol=1e-12)
+
+
+def test_masked_gae_skips_holes_in_the_mask():
+    from reflectrl.core import masked_gae
+
+    # mask [1,0,1,1,0]: token 1 is environment feedback, token 4 padding. gamma = lam = 1.
+    # values at real tokens 0, 2, 3: [0.2, 0.5, 0.0]; reward 1 at token 3 (the last real one).
+    # A_3 = 1 - 0 = 1; A_2 = 0 + V_3 - V_2 + A_3 = 0 - 0.5 + 1 = 0.5; A_0 = 0 + V_2 - V_0 + A_2 = 0.5 - 0.2 + 0.5 = 0.8
+    mask = torch.tensor([[1.0, 0, 1, 1, 0]])
+    rewards = torch.tensor([[0.0, 0, 0, 1, 0]])
+    values = torch.tensor([[0.2, 9.0, 0.5, 0.0, 7.0]]) * mask
+    adv, ret = masked_gae(rewards, values, mask, 1.0, 1.0)
+    assert torch.allclose(adv, torch.tensor([[0.8, 0.0, 0.5, 1.0, 0.0]]))
+    assert torch.allclose(ret, torch.tensor([[1.0, 0.0, 1.0, 1.0, 0.0]]))
+
+
+def test_entropy_of_masked_vocabulary_is_finite():
+    from reflectrl.core import entropy_from_logits
+
+    h = entropy_from_logits(torch.tensor([[0.0, float("-inf")], [0.0, 0.0]]))
+    assert torch.allclose(h, torch.tensor([0.0, math.log(2)]))

@@ -232,3 +232,13 @@ def test_gae_advantage_whitens_over_real_tokens_by_default():
     w = [(x - mean) / std for x in raw]
     close(adv, [[w[0], w[1], w[2], 0.0], [w[3], w[4], 0.0, 0.0]], tol=1e-6)
     close(ret, [[1.0, 1.0, 1.0, 0.0], [2.0, 2.0, 0.0, 0.0]])
+
+
+def test_group_ids_from_numpy_string_uids_as_verl_passes_them():
+    import numpy as np
+
+    scores = torch.tensor([1.0, 0.0, 5.0, 5.0])
+    index = np.array(["a", "a", "b", "b"], dtype=object)
+    adv = group_advantages(scores, index, norm_by_std=False)
+    # group a: mean 0.5 -> [0.5, -0.5]; group b: equal scores -> 0
+    assert torch.allclose(adv, torch.tensor([0.5, -0.5, 0.0, 0.0]))

@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--episodes", type=int, default=20)
     ap.add_argument("--out", type=Path, default=Path("runs/bench/ppo_learn"))
+    ap.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
     args = ap.parse_args()
     with ThreadPoolExecutor(args.workers) as pool:
         recs = list(pool.map(lambda s: train_and_eval(args.env_id, s, args.total_timesteps, args.out, args.episodes),
@@ -59,6 +60,9 @@ def main() -> None:
                "iqm": iqm(finals), "ci95": [lo, hi], "per_seed": finals,
                "train_wall_s_mean": sum(r["train_wall_s"] for r in recs) / len(recs)}
     print(json.dumps(summary))
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

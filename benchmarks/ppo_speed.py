@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--total-timesteps", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--env-id", default="LunarLander-v3")
+    ap.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
     args = ap.parse_args()
     rows = []
     for r in range(args.rounds):
@@ -63,6 +64,9 @@ def main() -> None:
         for k in ("time/env", "time/inference", "time/update", "time/total"):
             result[f"{who}_{k}_median_s"] = med(who, k)
     print(json.dumps(result))
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,988 @@
+"""Run untrusted, model-generated Python code against assert-style tests in an isolated child process.
+
+The strongest isolation the OS offers is chosen at runtime (bubblewrap, then ``unshare``, then plain
+rlimits); see ``docs/sandbox.md`` for the threat model and ``sandbox_capabilities()`` for what holds.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import marshal
+import math
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from ..errors import ReflectRLError
+
+__all__ = [
+    "STATUSES",
+    "SandboxError",
+    "SandboxPool",
+    "SandboxWarning",
+    "Verdict",
+    "run_tests",
+    "sandbox_backend",
+    "sandbox_capabilities",
+]
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("passed", "failed", "error", "timeout", "memory", "killed")
+BACKENDS = ("bwrap", "unshare", "none")
+
+_STARTUP_S = 20.0  # time allowed for the sandbox itself to come up (not counted in timeout_s)
+_GRACE_S = 1.0  # time allowed to exit after the final report
+_CHANNEL_CAP = 1 << 20  # bytes of result records read at most
+_FSIZE = 32 << 20  # largest file the code may write (RLIMIT_FSIZE)
+_HIDDEN_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/root", "/home")
+_PROBE_CODE = "import fractions, decimal\nvalue = 1\n"
+_PROBE_TESTS = "assert value == 1\n"
+_UNSHARE_NOISE = b"unshare: sigprocmask unblock failed: Invalid argument\n"  # printed when we kill its child
+
+
+class SandboxError(ReflectRLError, RuntimeError):
+    """The sandbox itself could not run (not a verdict about the code)."""
+
+
+class SandboxWarning(RuntimeWarning):
+    """Some protections are not in force on this machine."""
+
+
+@dataclass
+class Verdict:
+    """Outcome of running code against tests; ``passed`` counts only results the parent validated."""
+
+    status: str
+    passed: int
+    total: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        """Plain-dict form (JSON-serialisable)."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """One-line JSON form."""
+        return json.dumps(self.to_dict())
+
+
+# --------------------------------------------------------------------------------------------
+# The runner: executed inside the sandbox as `python -I -B -c _RUNNER`. It reads its job (marshal)
+# from stdin, applies the isolation steps it is asked for, then runs code and tests, reporting
+# each result as "<nonce> <kind> <index> <ok> <info>" on a private pipe. After untrusted code
+# starts, it only uses references it bound beforehand (see docs/sandbox.md for the limits).
+# --------------------------------------------------------------------------------------------
+_RUNNER = r'''
+import os
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
+KEEP_FLAGS = 2 | 4 | 8 | 1024 | 2048  # nosuid nodev noexec noatime nodiratime (same bits in statvfs)
+
+
+def read_job():
+    """The whole job from stdin; stdin is then /dev/null, so the code cannot read what follows."""
+    chunks = []
+    while True:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    import marshal  # the parent is the same interpreter; json would cost ~15 ms of imports
+    return marshal.loads(b"".join(chunks))
+
+
+def libc():
+    """ctypes and the C library (imported only where needed: it costs a few ms)."""
+    import ctypes
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def mounter():
+    """mount(2), raising OSError on failure."""
+    ctypes, lib = libc()
+    def enc(text):
+        return None if text is None else text.encode()
+
+    def mount(src, dst, fstype, flags, data=None):
+        if lib.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, "mount %s: %s" % (dst, os.strerror(err)))
+    return mount
+
+
+def mountpoints():
+    """Mount points of this mount namespace, unescaped, in order."""
+    seen = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4]
+            for code in ("\\040", "\\011", "\\012", "\\134"):
+                point = point.replace(code, chr(int(code[1:], 8)))
+            if point not in seen:
+                seen.append(point)
+    return seen
+
+
+def isolate_fs(plan):
+    """Hide tmp/home dirs, re-expose python and the work dir, make every other mount read-only."""
+    mount, rw = mounter(), plan["rw"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    keep = [(os.open(path, os.O_PATH), path) for path in plan["ro"] + [rw]]
+    for path in plan["hide"]:
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=64k")
+    for fd, path in keep:
+        os.makedirs(path, exist_ok=True)
+        mount("/proc/self/fd/%d" % fd, path, None, MS_BIND | MS_REC)
+        os.close(fd)
+    points = [p for p in mountpoints() if p != rw and not p.startswith(rw + "/")]
+    for point in points:
+        try:
+            flags = os.statvfs(point).f_flag
+        except OSError:
+            continue
+        if not flags & MS_RDONLY:
+            extra = (flags & KEEP_FLAGS) | (MS_RELATIME if flags & 4096 else 0)
+            try:
+                mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | extra)
+            except OSError:
+                pass
+    still_rw = [p for p in points if os.path.exists(p) and not os.statvfs(p).f_flag & MS_RDONLY]
+    return "ro_failed=" + ",".join(still_rw) if still_rw else ""
+
+
+def set_limits(limits):
+    """Apply (soft, hard) rlimits; names that could not be set are returned as a note."""
+    import resource
+    failed = []
+    for name, (soft, hard) in limits.items():
+        kind = getattr(resource, "RLIMIT_" + name, None)
+        try:
+            resource.setrlimit(kind, (soft, hard))
+        except (ValueError, OSError, TypeError):
+            failed.append(name)
+    return "limits_failed=" + ",".join(failed) if failed else ""
+
+
+def caps(field):
+    """A capability mask (CapEff, CapPrm, ...) of this process."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def drop_privileges(uid):
+    """Empty the capability bounding set, set no_new_privs, then switch to `uid` or drop caps."""
+    if not sys.platform.startswith("linux"):
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        return
+    ctypes, lib = libc()
+    if caps("CapEff"):
+        with open("/proc/sys/kernel/cap_last_cap") as fh:
+            last = int(fh.read())
+        for cap in range(last + 1):
+            if lib.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP failed")
+        lib.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    if lib.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    elif caps("CapEff") or caps("CapPrm"):
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+        data = (ctypes.c_uint32 * 6)()
+        if lib.capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
+            raise OSError(ctypes.get_errno(), "capset failed")
+    if caps("CapEff") or caps("CapPrm"):
+        raise RuntimeError("capabilities are still held")
+
+
+def setup(job):
+    """All isolation steps, before any untrusted code runs; returns notes on what did not hold."""
+    os.umask(0o022)
+    notes = [isolate_fs(job["mounts"]) if job["mounts"] else ""]
+    os.chdir(job["workdir"])
+    notes.append(set_limits(job["limits"]))
+    drop_privileges(job["uid"])
+    return ";".join(n for n in notes if n) or "-"
+
+
+def exc_name(exc, _type=type, _str=str):
+    """Sanitised class name of an exception, without running any of its (untrusted) methods."""
+    try:
+        name = _type.__dict__["__name__"].__get__(_type(exc))
+        if _type(name) is not _str:
+            return "?"
+    except BaseException:
+        return "?"
+    allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_."
+    return "".join([c for c in name[:64] if c in allowed]) or "?"
+
+
+def make_reporter(nonce, fd, _write=os.write, _str=str):
+    """report(kind, index, ok, info): one nonce-tagged line on the private pipe."""
+    prefix = nonce + " "
+    def report(kind, index, ok, info="-"):
+        try:
+            line = prefix + kind + " " + _str(index) + " " + ("1" if ok else "0") + " " + info + "\n"
+            _write(fd, line.encode("utf-8", "replace"))
+        except BaseException:
+            pass
+    return report
+
+
+def make_executor(ns, reserve, _exec=exec, _base=BaseException, _mem=MemoryError,
+                  _isinstance=isinstance, _name=exc_name, _trace=sys.settrace, _prof=sys.setprofile):
+    """run(code_object) -> None if it completed, else the exception's class name."""
+    def run(code):
+        try:
+            _exec(code, ns)
+            err = None
+        except _base as exc:
+            if _isinstance(exc, _mem):
+                reserve.clear()
+            err = _name(exc)
+        try:
+            _trace(None)
+            _prof(None)
+        except _base:
+            pass
+        return err
+    return run
+
+
+def make_finisher(_sys=sys, _exit=os._exit, _base=BaseException, _getattr=getattr):
+    """finish(): flush what the code printed, then exit without running its atexit hooks."""
+    def finish():
+        for name in ("stdout", "stderr"):
+            try:
+                _getattr(_sys, name).flush()
+            except _base:
+                pass
+        _exit(0)
+    return finish
+
+
+def main():
+    """Read the job, compile the tests, isolate, then run the code and each test, reporting each."""
+    import _ast  # not ast: same nodes, no import cost
+    import builtins
+    job = read_job()
+    report = make_reporter(job["nonce"], job["fd"])
+    tree = compile(job["tests"], "<tests>", "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
+    units = [(i, compile(_ast.Module(body=[stmt], type_ignores=[]), "<test %d>" % i, "exec",
+                         dont_inherit=True, optimize=0)) for i, stmt in enumerate(tree.body)]
+    n_units = len(units)
+    try:
+        solution, compile_err = compile(job["code"], "<solution>", "exec", dont_inherit=True, optimize=0), None
+    except BaseException as exc:
+        solution, compile_err = None, exc_name(exc)
+    module = type(sys)("solution")
+    ns = module.__dict__
+    ns["__builtins__"] = builtins
+    reserve = [bytearray(1 << 20)]
+    run = make_executor(ns, reserve)
+    finish = make_finisher()
+    try:
+        notes = setup(job)
+    except BaseException as exc:
+        report("setup", 0, False, (exc_name(exc) + ":" + str(exc)).replace("\n", " ")[:400])
+        os._exit(70)
+    sys.modules["solution"] = sys.modules["__main__"] = module
+    del job, tree
+    report("setup", 0, True, notes)
+    err = compile_err or run(solution)
+    report("define", 0, err is None, err or "-")
+    if err is None:
+        for index, unit in units:
+            err = run(unit)
+            report("test", index, err is None, err or "-")
+    report("done", n_units, True)
+    finish()
+
+
+main()
+'''
+
+
+# --------------------------------------------------------------------------------------------
+# Backends: what the OS offers, probed once per process and cached.
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Backend:
+    """A working way to launch the runner, with the protections it was verified to give."""
+
+    name: str
+    drop_uid: bool
+    protections: dict = field(default_factory=dict, compare=False)
+
+
+_PROBED: dict[str, _Backend | None] = {}
+_PROBE_ERRORS: dict[str, str] = {}
+_WARNED: set[str] = set()
+_LOCK = threading.RLock()
+
+
+def _is_root() -> bool:
+    """Whether we may switch the child to a dedicated uid."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _protections(name: str, drop_uid: bool, notes: str) -> dict[str, bool]:
+    """The protections a backend gives, given the runner's setup notes from the probe."""
+    ns = name in ("bwrap", "unshare")
+    failed_limits = _note(notes, "limits_failed")
+    userns = ns and not _is_root()  # non-root: processes are counted inside a fresh user namespace
+    return {
+        "separate_process": True,
+        "wall_timeout": True,
+        "cpu_limit": "CPU" not in failed_limits,
+        "memory_limit": "AS" not in failed_limits and sys.platform.startswith("linux"),
+        "process_limit": "NPROC" not in failed_limits and (drop_uid or userns),
+        "output_limit": True,
+        "clean_env": True,
+        "temp_workdir": True,
+        "pid_namespace": ns,
+        "kill_all_descendants": ns or drop_uid,
+        "network_isolated": ns,
+        "fs_readonly_outside_workdir": ns and not _note(notes, "ro_failed"),
+        "tmp_and_home_hidden": ns,
+        "dedicated_uid": drop_uid,
+        "parent_protected": ns or drop_uid,
+    }
+
+
+def _note(notes: str, key: str) -> list[str]:
+    """Values of `key=a,b` in the runner's `;`-separated setup notes."""
+    for part in notes.split(";"):
+        if part.startswith(key + "="):
+            return part[len(key) + 1 :].split(",")
+    return []
+
+
+def _candidates(name: str) -> list[tuple[str, bool]]:
+    """(backend, drop_uid) variants to try for a backend name, strongest first."""
+    variants = [True, False] if _is_root() else [False]  # a dedicated uid needs root and a mapped uid range
+    if name == "bwrap" and not shutil.which("bwrap"):
+        return []
+    if name == "unshare" and not (shutil.which("unshare") and sys.platform.startswith("linux")):
+        return []
+    return [(name, drop_uid) for drop_uid in variants]
+
+
+def _probe(name: str) -> _Backend | None:
+    """Try a backend once with a trivial job; the first variant whose runner reports success wins."""
+    with _LOCK:
+        if name not in _PROBED:
+            _PROBED[name] = None
+            for backend, drop_uid in _candidates(name):
+                trial = _Backend(backend, drop_uid)
+                try:
+                    verdict, notes = _execute(trial, _PROBE_CODE, _PROBE_TESTS, 10.0, 256, 4096, 64)
+                except (SandboxError, OSError) as exc:
+                    _PROBE_ERRORS[name] = str(exc)
+                    continue
+                if verdict.status == "passed":
+                    _PROBED[name] = _Backend(backend, drop_uid, _protections(backend, drop_uid, notes))
+                    break
+                hint = " (is the Python installation readable by other users?)" if drop_uid else ""
+                _PROBE_ERRORS[name] = f"trial run ended with status {verdict.status!r}{hint} {verdict.stderr[-300:]}"
+            if _PROBED[name] is None and name not in _PROBE_ERRORS:
+                _PROBE_ERRORS[name] = "not installed or not supported on this OS"
+        return _PROBED[name]
+
+
+def _select(backend: str | None) -> _Backend:
+    """The requested backend (or the strongest available one), warning once about missing protections."""
+    backend = backend or os.environ.get("REFLECTRL_SANDBOX_BACKEND") or "auto"
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {backend!r}; expected auto or one of {BACKENDS}")
+    for name in BACKENDS if backend == "auto" else (backend,):
+        chosen = _probe(name)
+        if chosen is not None:
+            with _LOCK:
+                _warn_once(chosen)
+            return chosen
+    raise SandboxError(f"sandbox backend {backend!r} is unavailable: {_PROBE_ERRORS.get(backend, '')}")
+
+
+def _warn_once(backend: _Backend) -> None:
+    """One clear warning per backend listing which protections hold and which do not."""
+    missing = [k for k, v in backend.protections.items() if not v]
+    key = f"{backend.name}/{backend.drop_uid}"
+    if not set(missing) - {"dedicated_uid"} or key in _WARNED:  # a dedicated uid only matters without namespaces
+        return
+    _WARNED.add(key)
+    held = [k for k, v in backend.protections.items() if v]
+    hint = "" if backend.name == "bwrap" else " Install bubblewrap (apt-get install bubblewrap) for full isolation."
+    rank = BACKENDS.index(backend.name)
+    why = "".join(f" [{n}: {e.strip()}]" for n, e in _PROBE_ERRORS.items() if BACKENDS.index(n) <= rank)
+    warnings.warn(
+        f"reflectrl sandbox uses backend {backend.name!r}; NOT in force: {', '.join(missing)}; "
+        f"in force: {', '.join(held)}.{why}{hint}",
+        SandboxWarning,
+        stacklevel=4,
+    )
+
+
+def sandbox_backend(backend: str | None = None) -> str:
+    """Name of the backend that `run_tests` would use ('bwrap', 'unshare' or 'none')."""
+    return _select(backend).name
+
+
+def sandbox_capabilities(backend: str | None = None) -> dict[str, bool]:
+    """The protections in force for untrusted code (probed once, then cached)."""
+    return dict(_select(backend).protections)
+
+
+# --------------------------------------------------------------------------------------------
+# Launching one run.
+# --------------------------------------------------------------------------------------------
+def _python_dirs() -> list[str]:
+    """Directories the interpreter needs, so they can be re-exposed under hidden dirs."""
+    found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+    found |= {os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable))}
+    found |= {p for p in sys.path if p and os.path.isabs(p) and os.path.exists(p)}
+    return sorted(os.path.realpath(p) for p in found)
+
+
+def _mount_plan(work: str) -> dict:
+    """Which dirs to hide behind empty read-only tmpfs, and what to bind back (read-only / rw)."""
+    hide = [d for d in _HIDDEN_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    under = [p for p in _python_dirs() if any(p == h or p.startswith(h + "/") for h in hide)]
+    ro = [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
+    return {"hide": hide, "ro": ro, "rw": work}
+
+
+def _bwrap_argv(work: str, root: bool, drop_uid: bool) -> list[str]:
+    """bubblewrap command line: read-only root, private /dev /proc, hidden tmp/home, rw work dir."""
+    plan = _mount_plan(work)
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net"]
+    argv += ["--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--ro-bind", "/", "/"]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    for hidden in [h for h in plan["hide"] if h != "/dev/shm"]:
+        argv += ["--tmpfs", hidden]
+    for path in plan["ro"]:
+        for parent in _parents_below_hidden(path, plan["hide"]):
+            argv += ["--perms", "0755", "--dir", parent]
+        argv += ["--ro-bind", path, path]
+    argv += [a for p in _parents_below_hidden(work, plan["hide"]) for a in ("--perms", "0755", "--dir", p)]
+    argv += ["--bind", work, work]
+    for hidden in [h for h in plan["hide"] if h != "/dev/shm"] + ["/dev"]:
+        argv += ["--remount-ro", hidden]
+    if root:  # bwrap run by root keeps every capability unless told otherwise
+        caps = ("SETPCAP", "SETUID", "SETGID") if drop_uid else ("SETPCAP",)  # for the runner's privilege drop
+        argv += ["--cap-drop", "ALL"] + [a for c in caps for a in ("--cap-add", f"CAP_{c}")]
+    return argv + ["--chdir", work, "--"]
+
+
+def _parents_below_hidden(path: str, hidden: list[str]) -> list[str]:
+    """Intermediate directories between a hidden dir and `path` (bwrap would create them 0700)."""
+    top = next((h for h in hidden if path.startswith(h + "/")), None)
+    if top is None:
+        return []
+    parts = path[len(top) + 1 :].split("/")[:-1]
+    return [top + "/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _unshare_argv(root: bool) -> list[str]:
+    """util-linux unshare: new pid/net/mount/ipc/uts namespaces; the runner does the mounts."""
+    user = [] if root else ["--user", "--map-root-user"]
+    namespaces = ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--ipc", "--uts"]
+    return ["unshare", *user, *namespaces, "--"]
+
+
+def _clean_env(work: str) -> dict[str, str]:
+    """The child's whole environment: nothing is inherited from the parent."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8"}
+
+
+def _job(backend: _Backend, code: str, tests: str, work: str, uid: int | None, limits: dict) -> dict:
+    """The JSON job the runner reads from stdin (the channel fd is filled in at launch)."""
+    mounts = _mount_plan(work) if backend.name == "unshare" else None
+    return {"code": code, "tests": tests, "nonce": secrets.token_hex(16), "fd": -1, "workdir": work,
+            "uid": uid, "limits": limits, "mounts": mounts}
+
+
+# --------------------------------------------------------------------------------------------
+# Dedicated uids (root only): one per concurrent run, so RLIMIT_NPROC is exact and `kill -1`
+# run as that uid reaches every process the code started, even outside a PID namespace.
+# --------------------------------------------------------------------------------------------
+_UID_SLOTS = 1024
+
+
+def _uid_base() -> int:
+    """Start of a uid range inside this (possibly nested) user namespace's uid map."""
+    top = 2_000_000_000
+    try:
+        with open("/proc/self/uid_map") as fh:
+            ends = [int(a) + int(c) for _, a, c in (line.split() for line in fh)]
+        top = min(top, max(ends) - 2)
+    except (OSError, ValueError):
+        top = 65533
+    return top - _UID_SLOTS
+
+
+class _UidLease:
+    """Exclusive use of one unused uid, across threads and processes (flock on a lock file)."""
+
+    def __enter__(self) -> int:
+        import fcntl
+
+        lock_dir = os.path.join(tempfile.gettempdir(), "reflectrl-sandbox-uids")
+        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        info = os.lstat(lock_dir)
+        if not os.path.isdir(lock_dir) or os.path.islink(lock_dir) or info.st_uid != os.geteuid():
+            raise SandboxError(f"{lock_dir} is not a directory owned by us; remove it")
+        base = _uid_base()
+        for slot in range(_UID_SLOTS):
+            uid = base + slot
+            fh = open(os.path.join(lock_dir, str(uid)), "a")
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                fh.close()
+                continue
+            if _uid_is_free(uid):
+                self._fh, self.uid = fh, uid
+                return uid
+            fh.close()
+        raise SandboxError("no free sandbox uid")
+
+    def __exit__(self, *exc) -> None:
+        _reap_uid(self.uid)
+        self._fh.close()
+
+
+def _uid_is_free(uid: int) -> bool:
+    """No account and no process uses this uid."""
+    import pwd
+
+    try:
+        pwd.getpwuid(uid)
+        return False
+    except KeyError:
+        return not _pids_of_uid(uid)
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    """Processes whose real uid is `uid` (from /proc/PID/status, which works for non-dumpable ones)."""
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as fh:
+                    line = next(ln for ln in fh if ln.startswith("Uid:"))
+            except (OSError, StopIteration):
+                continue
+            if int(line.split()[1]) == uid:
+                pids.append(int(entry))
+    return pids
+
+
+def _reap_uid(uid: int, timeout_s: float = 5.0) -> None:
+    """Kill every process of `uid` with `kill -9 -1` run as that uid, until none is left."""
+    deadline = time.monotonic() + timeout_s
+    while _pids_of_uid(uid):
+        if time.monotonic() > deadline:
+            log.warning("sandbox uid %d still has processes after %.1fs", uid, timeout_s)
+            return
+        subprocess.run(["/bin/sh", "-c", "kill -9 -1"], user=uid, group=uid, extra_groups=[],
+                       env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.005)
+
+
+class _NoLease:
+    """Stand-in for `_UidLease` when no uid switch is done."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Talking to the child: bounded capture of stdout/stderr, validated records from the channel.
+# --------------------------------------------------------------------------------------------
+class _Capped:
+    """Keep the first `limit` bytes of a stream, count (and discard) the rest."""
+
+    def __init__(self, limit: int):
+        self.data, self.limit, self.dropped = bytearray(), limit, 0
+
+    def feed(self, chunk: bytes) -> None:
+        room = max(0, self.limit - len(self.data))
+        self.data += chunk[:room]
+        self.dropped += len(chunk) - min(room, len(chunk))
+
+    def text(self) -> str:
+        text = self.data.decode("utf-8", "replace")
+        return text + f"\n...[{self.dropped} more bytes truncated]" if self.dropped else text
+
+
+class _Channel:
+    """Result records `<nonce> <kind> <index> <0|1> <info>`; lines without the nonce are ignored."""
+
+    KINDS = {"setup", "define", "test", "done"}
+
+    def __init__(self, nonce: str):
+        self.nonce, self.buf, self.seen = nonce.encode(), b"", 0
+        self.records: dict[tuple[str, int], tuple[bool, str]] = {}
+
+    def feed(self, chunk: bytes) -> None:
+        self.seen += len(chunk)
+        if self.seen > _CHANNEL_CAP:
+            return
+        *lines, self.buf = (self.buf + chunk).split(b"\n")
+        for line in lines:
+            self._parse(line)
+
+    def _parse(self, line: bytes) -> None:
+        parts = line.split(b" ", 4)
+        if len(parts) != 5 or not secrets.compare_digest(parts[0], self.nonce):
+            return
+        kind, index, ok = parts[1].decode("ascii", "replace"), parts[2], parts[3]
+        if kind in self.KINDS and index.isdigit() and ok in (b"0", b"1"):
+            self.records.setdefault((kind, int(index)), (ok == b"1", parts[4].decode("utf-8", "replace")))
+
+    def get(self, kind: str, index: int = 0) -> tuple[bool, str] | None:
+        """The first valid record of this kind and index."""
+        return self.records.get((kind, index))
+
+    def finished(self) -> bool:
+        """Whether a (validated) final record arrived."""
+        return any(kind == "done" for kind, _ in self.records)
+
+
+@dataclass
+class _Outcome:
+    """Everything observed about one finished child."""
+
+    channel: _Channel
+    stdout: _Capped
+    stderr: _Capped
+    returncode: int | None = None
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether the child has exited, without reaping it (so its pid/pgid cannot be reused yet)."""
+    if not hasattr(os, "waitid"):
+        return proc.poll() is not None
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _pump(proc: subprocess.Popen, chan_fd: int, payload: bytes, seen: _Outcome, timeout_s: float) -> bool:
+    """Feed the job and read all pipes until exit, final report + grace, or deadline; True on timeout."""
+    sel = selectors.DefaultSelector()
+    sinks = {proc.stdout.fileno(): seen.stdout.feed, proc.stderr.fileno(): seen.stderr.feed,
+             chan_fd: seen.channel.feed}
+    for fd in sinks:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    os.set_blocking(proc.stdin.fileno(), False)
+    sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+    pending, chan = memoryview(payload), seen.channel
+    deadline, started, finish_by = time.monotonic() + _STARTUP_S, False, None
+    while sinks:
+        now = time.monotonic()
+        if not started and chan.get("setup"):
+            started, deadline = True, now + timeout_s
+        if finish_by is None and (chan.finished() or _exited(proc)):
+            finish_by = now + (_GRACE_S if chan.finished() else 0.2)
+        limit = min(deadline, finish_by or deadline)
+        if now >= limit:
+            break
+        for key, _ in sel.select(min(limit - now, 0.05)):
+            if key.fd not in sinks:
+                pending = _write_some(sel, proc.stdin, pending)
+            elif not _read_some(key.fd, sinks[key.fd]):
+                sel.unregister(key.fd)
+                del sinks[key.fd]
+    sel.close()
+    if not started and chan.get("setup") is None and not _exited(proc):
+        raise SandboxError(f"sandbox did not start within {_STARTUP_S:.0f}s")
+    return started and not chan.finished() and time.monotonic() >= deadline
+
+
+def _write_some(sel: selectors.BaseSelector, stdin, pending: memoryview) -> memoryview:
+    """Write what the pipe takes; close stdin once the job is sent (or the child stopped reading)."""
+    try:
+        pending = pending[os.write(stdin.fileno(), pending) :]
+    except BlockingIOError:
+        return pending
+    except BrokenPipeError:
+        pending = pending[:0]
+    if not pending:
+        sel.unregister(stdin.fileno())
+        _close(stdin)
+    return pending
+
+
+def _close(stream) -> None:
+    """Close a pipe file object, ignoring a reader that went away."""
+    try:
+        stream.close()
+    except OSError:
+        pass
+
+
+def _read_some(fd: int, sink) -> bool:
+    """Read available bytes into `sink`; False at EOF (or when nothing is available right now)."""
+    try:
+        chunk = os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return True
+    if chunk:
+        sink(chunk)
+    return bool(chunk)
+
+
+def _drain(fd: int, sink) -> None:
+    """Read whatever is left in a (non-blocking) pipe after the child was killed."""
+    os.set_blocking(fd, False)
+    try:
+        while (chunk := os.read(fd, 1 << 16)):
+            sink(chunk)
+    except (BlockingIOError, OSError):
+        pass
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (for a namespace wrapper: the namespace's init)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill(proc: subprocess.Popen, wrapped: bool) -> None:
+    """Kill the namespace init first (the kernel then kills everything in it), then the group; reap."""
+    if wrapped and not _exited(proc):
+        for child in _children(proc.pid):
+            _signal(child)
+        end = time.monotonic() + 1.0
+        while not _exited(proc) and time.monotonic() < end:
+            time.sleep(0.002)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _signal(pid: int) -> None:
+    """SIGKILL one process, ignoring races with its exit."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _limits(backend: _Backend, timeout_s: float, memory_mb: int, max_processes: int) -> dict[str, list[int]]:
+    """(soft, hard) rlimits the runner applies to itself before running the code."""
+    cpu = math.ceil(timeout_s) + 1
+    limits = {"AS": [memory_mb << 20] * 2, "CPU": [cpu, cpu + 1], "FSIZE": [_FSIZE] * 2, "CORE": [0, 0]}
+    if backend.drop_uid or backend.name != "none":  # exact only for a dedicated uid / fresh user namespace
+        limits["NPROC"] = [max_processes] * 2
+    return limits
+
+
+def _execute(backend: _Backend, code: str, tests: str, timeout_s: float, memory_mb: int, max_bytes: int,
+             max_processes: int) -> tuple[Verdict, str]:
+    """One sandboxed run; returns the verdict and the runner's setup notes."""
+    assert_indices, n_statements = _parse_tests(tests)
+    lease = _UidLease() if backend.drop_uid else _NoLease()
+    with lease as uid, tempfile.TemporaryDirectory(prefix="reflectrl-sbx-") as work:
+        if uid is not None:
+            os.chown(work, uid, uid)
+            os.chmod(work, 0o711)  # the wrapper (root without capabilities) must be able to enter it
+        limits = _limits(backend, timeout_s, memory_mb, max_processes)
+        seen = _launch(backend, _job(backend, code, tests, work, uid, limits), timeout_s, max_bytes)
+        _make_removable(work)
+    setup = seen.channel.get("setup")
+    if setup is None or not setup[0]:
+        detail = setup[1] if setup else seen.stderr.text()[-400:].strip()
+        raise SandboxError(f"sandbox setup failed ({backend.name}): {detail or 'no report'}")
+    return _verdict(seen, assert_indices, n_statements), setup[1]
+
+
+def _wrapper_argv(backend: _Backend, work: str) -> list[str]:
+    """Command prefix that puts the runner into namespaces (empty for the 'none' backend)."""
+    if backend.name == "bwrap":
+        return [shutil.which("bwrap") or "bwrap", *_bwrap_argv(work, _is_root(), backend.drop_uid)[1:]]
+    if backend.name == "unshare":
+        return [shutil.which("unshare") or "unshare", *_unshare_argv(_is_root())[1:]]
+    return []
+
+
+def _launch(backend: _Backend, job: dict, timeout_s: float, max_bytes: int) -> _Outcome:
+    """Start the runner in its own session, collect its output and reports, then kill everything."""
+    chan_r, chan_w = os.pipe()
+    job["fd"] = chan_w
+    seen = _Outcome(_Channel(job["nonce"]), _Capped(max_bytes), _Capped(max_bytes))
+    argv = _wrapper_argv(backend, job["workdir"]) + [sys.executable, "-I", "-B", "-c", _RUNNER]
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                pass_fds=(chan_w,), cwd=job["workdir"], env=_clean_env(job["workdir"]),
+                                start_new_session=True)
+    except OSError:
+        os.close(chan_r)
+        raise
+    finally:
+        os.close(chan_w)
+    try:
+        seen.timed_out = _pump(proc, chan_r, marshal.dumps(job), seen, timeout_s)
+    finally:
+        _kill(proc, wrapped=backend.name != "none")
+        for fd, sink in ((chan_r, seen.channel.feed), (proc.stdout.fileno(), seen.stdout.feed),
+                         (proc.stderr.fileno(), seen.stderr.feed)):
+            _drain(fd, sink)
+        os.close(chan_r)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            _close(stream)
+    seen.returncode, seen.duration_s = proc.returncode, time.monotonic() - start
+    seen.stderr.data = seen.stderr.data.replace(_UNSHARE_NOISE, b"")
+    return seen
+
+
+def _make_removable(path: str) -> None:
+    """Give the owner write+exec on every directory the code created, so cleanup cannot fail."""
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            try:
+                os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------------------------
+# Verdicts.
+# --------------------------------------------------------------------------------------------
+def _parse_tests(tests: str) -> tuple[list[int], int]:
+    """Positions of the top-level `assert` statements in `tests` (each one is a test), and the statement count."""
+    try:
+        body = ast.parse(tests).body
+    except SyntaxError as exc:
+        raise ValueError(f"tests do not parse: {exc.msg} (line {exc.lineno})") from None
+    indices = [i for i, stmt in enumerate(body) if isinstance(stmt, ast.Assert)]
+    if not indices:
+        raise ValueError("tests contain no top-level assert statement")
+    return indices, len(body)
+
+
+def _verdict(outcome: _Outcome, assert_indices: list[int], n_statements: int) -> Verdict:
+    """Status and counts from the validated records only (never from stdout)."""
+    chan = outcome.channel
+    results = [chan.get("test", i) for i in assert_indices]
+    passed = sum(1 for r in results if r and r[0])
+    define = chan.get("define")
+    excs = [r[1] for r in results + [define] if r and not r[0]]
+    died = chan.get("done", n_statements) is None
+    xcpu = outcome.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU)
+    if "MemoryError" in excs or (died and b"MemoryError" in bytes(outcome.stderr.data)):
+        status = "memory"
+    elif outcome.timed_out or (died and xcpu):
+        status = "timeout"
+    elif define is not None and not define[0]:
+        status = "error"
+    elif died:
+        status = "killed"
+    else:
+        status = "passed" if passed == len(assert_indices) else "failed"
+    return Verdict(status, passed, len(assert_indices), outcome.stdout.text(), outcome.stderr.text(),
+                   round(outcome.duration_s, 4))
+
+
+def _check(code: str, tests: str, timeout_s: float, memory_mb: int, max_output_bytes: int, max_processes: int) -> None:
+    """Reject bad arguments with a clear ValueError/TypeError."""
+    if not isinstance(code, str) or not isinstance(tests, str):
+        raise TypeError("code and tests must be str")
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
+    sizes = {"memory_mb": memory_mb, "max_output_bytes": max_output_bytes, "max_processes": max_processes}
+    for name, value in sizes.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if "\x00" in tests:
+        raise ValueError("tests contain a NUL byte")
+
+
+def run_tests(code: str, tests: str, timeout_s: float = 5.0, memory_mb: int = 512, *, backend: str | None = None,
+              max_output_bytes: int = 4096, max_processes: int = 64) -> Verdict:
+    """Run `code`, then each top-level assert of `tests` in its namespace, in a sandboxed child process.
+
+    `timeout_s` bounds the wall time of code + tests (interpreter start-up excluded); `backend` forces
+    'bwrap', 'unshare' or 'none' (default: strongest available, or $REFLECTRL_SANDBOX_BACKEND).
+    """
+    _check(code, tests, timeout_s, memory_mb, max_output_bytes, max_processes)
+    _parse_tests(tests)
+    chosen = _select(backend)
+    return _execute(chosen, code, tests, float(timeout_s), memory_mb, max_output_bytes, max_processes)[0]
+
+
+class SandboxPool:
+    """Parallel verdicts: a thread pool, each thread driving one sandboxed subprocess at a time."""
+
+    def __init__(self, max_workers: int | None = None, **run_kwargs):
+        self._kwargs = run_kwargs
+        self._executor = ThreadPoolExecutor(max_workers=max_workers or os.cpu_count() or 1,
+                                            thread_name_prefix="reflectrl-sandbox")
+
+    def submit(self, code: str, tests: str, **run_kwargs) -> Future:
+        """Schedule one run; the Future resolves to a Verdict."""
+        return self._executor.submit(run_tests, code, tests, **{**self._kwargs, **run_kwargs})
+
+    def map(self, items: Iterable[tuple[str, str]]) -> list[Verdict]:
+        """Verdicts for (code, tests) pairs, in input order."""
+        futures = [self.submit(code, tests) for code, tests in items]
+        return [f.result() for f in futures]
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop accepting work; optionally wait for running verdicts."""
+        self._executor.shutdown(wait=wait)
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

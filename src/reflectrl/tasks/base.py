@@ -8,6 +8,8 @@ environment returns (execution results, errors) is fed back to the agent but mas
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -58,11 +60,78 @@ class SingleTurnEnv:
         return problem.prompt
 
     def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
-        return "", float(self.task.score(self.problem, text)), True, {}
+        reward = float(self.task.score(self.problem, text))
+        return "", reward, True, {"outcome": reward, **self_report(text)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Self-reports an agent may append to its answer, shared by every task: a binary reflection
+# ``<reflect>solved|unsolved</reflect>`` and a stated confidence ``<confidence>0.8</confidence>``.
+# Verifiers ignore them; methods read them from ``info`` (see docs/tasks.md).
+# ---------------------------------------------------------------------------------------------
+# A closing tag may be missing at the very end of a completion (a generator that stops on it drops it).
+_REFLECT = re.compile(r"<reflect>\s*([A-Za-z]{1,16})\s*(?:</reflect>|\Z)", re.IGNORECASE)
+_CONFIDENCE = re.compile(r"<confidence>\s*([0-9]{1,3}(?:\.[0-9]{1,12})?)\s*(?:</confidence>|\Z)", re.IGNORECASE)
+_AUX = re.compile(r"<(reflect|confidence)>(?:[^<]{0,64}?</\1>|[^<]{0,64}\Z)", re.IGNORECASE)
+_SCAN = 1 << 16  # self-report tags are looked for in the last 64 KiB of a completion only
+
+
+def parse_reflection(text: str) -> int | None:
+    """The last ``<reflect>solved|unsolved</reflect>`` of ``text`` as 1 / 0; None if absent or malformed."""
+    found = _REFLECT.findall(text[-_SCAN:]) if isinstance(text, str) else []
+    word = found[-1].lower() if found else ""
+    return {"solved": 1, "unsolved": 0}.get(word)
+
+
+def parse_confidence(text: str) -> float | None:
+    """The last ``<confidence>q</confidence>`` of ``text`` with 0 <= q <= 1; None if absent or out of range."""
+    found = _CONFIDENCE.findall(text[-_SCAN:]) if isinstance(text, str) else []
+    value = float(found[-1]) if found else None
+    return value if value is not None and 0.0 <= value <= 1.0 else None
+
+
+def strip_self_report(text: str) -> str:
+    """``text`` without its reflection / confidence tags (what a verifier should look at)."""
+    return _AUX.sub("", text) if isinstance(text, str) else ""
+
+
+def self_report(text: str) -> dict[str, Any]:
+    """``{"reflection": 1|0, "confidence": q}``, each key only when ``text`` states it."""
+    out: dict[str, Any] = {}
+    if (reflection := parse_reflection(text)) is not None:
+        out["reflection"] = reflection
+    if (confidence := parse_confidence(text)) is not None:
+        out["confidence"] = confidence
+    return out
+
+
+def teacher_prompt(task: Task, problem: Problem) -> str:
+    """The prompt with the reference answer in context (a self-teacher's view); a task may define its own."""
+    own = getattr(task, "teacher_prompt", None)
+    if callable(own):
+        return own(problem)
+    return f"Reference answer:\n{problem.answer}\n\n{problem.prompt}" if problem.answer else problem.prompt
+
+
+def stable_hash(text: str) -> int:
+    """A 64-bit hash of ``text`` that is the same in every process and run (unlike ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+
+
+def in_heldout(key: str, fraction: float, salt: str = "") -> bool:
+    """Deterministic split membership: True for about ``fraction`` of all keys, fixed per (salt, key)."""
+    return stable_hash(f"{salt}\x00{key}") % 1_000_000 < round(fraction * 1_000_000)
 
 
 TASKS: dict[str, Callable[..., Task]] = {}
 SPLITS = ("train", "heldout")
+
+
+def check_split(split: str) -> str:
+    """``split`` if it is one of SPLITS, else a ConfigError naming them."""
+    if split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    return split
 
 
 def register_task(name: str):
@@ -75,16 +144,22 @@ def register_task(name: str):
     return deco
 
 
-def get_task(name: str, **kwargs: Any) -> Task:
-    """Instantiate a registered task, or raise ConfigError listing the registered ones."""
+def load_tasks() -> dict[str, Callable[..., Task]]:
+    """Import the built-in task modules (each registers itself) and return the registry."""
     import importlib
 
-    for mod in ("arith", "codegen", "text2sql"):
+    for mod in ("arith", "codegen", "humaneval", "text2sql"):
         try:
             importlib.import_module(f"reflectrl.tasks.{mod}")
         except ModuleNotFoundError as exc:
             if exc.name != f"reflectrl.tasks.{mod}":
                 raise
+    return TASKS
+
+
+def get_task(name: str, **kwargs: Any) -> Task:
+    """Instantiate a registered task, or raise ConfigError listing the registered ones."""
+    load_tasks()
     if name not in TASKS:
         raise ConfigError(f"unknown task {name!r}; available: {', '.join(sorted(TASKS)) or 'none'}")
     return TASKS[name](**kwargs)

@@ -1,0 +1,182 @@
+"""``reflectrl tasks``: list the verifiable tasks, show their problems, validate their reference solutions.
+
+``validate`` runs every problem's demonstration (its reference solution) through the task's verifier
+(for a multi-turn task, also through one episode of its environment) and exits 1 if any fails.
+Bad input ends in one ``error: ...`` line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import time
+from typing import Any
+
+from ..errors import ConfigError, ReflectRLError
+from .base import SPLITS, Problem, get_task, load_tasks
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as task keyword arguments; VALUE is read as JSON when it parses, else as text."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def _task(name: str, options: dict[str, Any], workers: int | None = None):
+    """Instantiate a task, turning bad keyword arguments into a ConfigError that names the valid ones."""
+    tasks = load_tasks()
+    if name not in tasks:
+        get_task(name)  # raises the ConfigError that lists the registered tasks
+    factory = tasks[name]
+    params = inspect.signature(factory).parameters
+    if workers is not None and "workers" in params:
+        options = {**options, "workers": workers}
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        raise ConfigError(f"task {name!r} has no option {', '.join(unknown)}; options: {', '.join(params)}")
+    try:
+        return get_task(name, **options)
+    except TypeError as exc:
+        raise ConfigError(f"bad options for task {name!r}: {exc}") from None
+
+
+def _splits(choice: str) -> tuple[str, ...]:
+    return SPLITS if choice == "all" else (choice,)
+
+
+def _episode_ok(task, problem: Problem) -> bool:
+    """Whether the reference, played as one final turn of the task's environment, gets reward 1."""
+    env = task.make_env()
+    env.reset(problem)
+    _, reward, done, info = env.step(task.demonstration(problem))
+    if not done and getattr(task, "reflect", None) == "turn":
+        _, reward, done, info = env.step("<reflect>solved</reflect>")
+    return bool(done) and reward == 1.0 and "outcome" in info
+
+
+def validate(task, splits: tuple[str, ...]) -> dict[str, Any]:
+    """Per split: how many reference solutions the verifier scores 1.0, which fail, and the wall time."""
+    report: dict[str, Any] = {"task": task.name, "splits": {}}
+    start = time.monotonic()
+    for split in splits:
+        t0 = time.monotonic()
+        problems = task.problems(split)
+        demos = [task.demonstration(p) for p in problems]
+        many = getattr(task, "score_many", None)
+        scores = many(problems, demos) if callable(many) else [task.score(p, d) for p, d in zip(problems, demos)]
+        failed = [p.id for p, s in zip(problems, scores) if s != 1.0]
+        if task.multi_turn:
+            failed += [f"{p.id} (episode)" for p in problems if not _episode_ok(task, p)]
+        report["splits"][split] = {"passed": len(problems) - len({f.split(' ')[0] for f in failed}),
+                                   "total": len(problems), "failed": failed,
+                                   "seconds": round(time.monotonic() - t0, 2)}
+    report["passed"] = sum(s["passed"] for s in report["splits"].values())
+    report["total"] = sum(s["total"] for s in report["splits"].values())
+    report["seconds"] = round(time.monotonic() - start, 2)
+    report["ok"] = report["passed"] == report["total"]
+    return report
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    tasks = load_tasks()
+    rows = []
+    for name in sorted(tasks):
+        doc = (inspect.getdoc(tasks[name]) or "").splitlines()
+        row: dict[str, Any] = {"name": name, "multi_turn": bool(getattr(tasks[name], "multi_turn", False)),
+                               "description": doc[0] if doc else ""}
+        try:
+            task = get_task(name)
+            row.update({split: len(task.problems(split)) for split in SPLITS})
+        except ReflectRLError as exc:
+            row["unavailable"] = str(exc)
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    for row in rows:
+        counts = (f"train {row['train']}, heldout {row['heldout']}" if "train" in row
+                  else f"unavailable: {row['unavailable']}")
+        kind = "multi-turn" if row["multi_turn"] else "single-turn"
+        print(f"{row['name']:<10} {kind:<11} {counts:<26} {row['description']}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    task = _task(args.name, _parse_set(args.set))
+    for problem in task.problems(args.split)[: args.n]:
+        if args.json:
+            print(json.dumps({"id": problem.id, "prompt": problem.prompt, "demonstration": task.demonstration(problem),
+                              "meta": problem.meta}, default=str))
+        else:
+            print(f"--- {problem.id}\n{problem.prompt}", end="" if problem.prompt.endswith("\n") else "\n")
+            demo = task.demonstration(problem)
+            print(f">>> {demo}", end="" if demo.endswith("\n") else "\n")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    task = _task(args.name, _parse_set(args.set), args.workers)
+    report = validate(task, _splits(args.split))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for split, res in report["splits"].items():
+            print(f"{report['task']} {split}: {res['passed']}/{res['total']} reference solutions pass "
+                  f"({res['seconds']:.1f} s)")
+            for pid in res["failed"][:20]:
+                print(f"  FAIL {pid}")
+            if len(res["failed"]) > 20:
+                print(f"  ... {len(res['failed']) - 20} more")
+        print(f"{report['task']}: {report['passed']}/{report['total']} pass in {report['seconds']:.1f} s")
+    return 0 if report["ok"] else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="reflectrl tasks", description="Verifiable tasks: list, show, validate.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    lst = sub.add_parser("list", help="the registered tasks and their split sizes")
+    lst.add_argument("--json", action="store_true", help="print one JSON list")
+    for name, helptext in (("validate", "run every reference solution through the verifier; exit 1 if any fails"),
+                           ("show", "print a few problems and their demonstrations")):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("name", help="task name (see `reflectrl tasks list`)")
+        cmd.add_argument("--split", choices=(*SPLITS, "all") if name == "validate" else SPLITS,
+                         default="all" if name == "validate" else "train")
+        cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="task option, e.g. --set digits=3 (VALUE is JSON or text); repeatable")
+        cmd.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "validate":
+            cmd.add_argument("--workers", type=int, default=None, help="parallel sandbox runs (default: CPU count)")
+        else:
+            cmd.add_argument("-n", type=int, default=3, help="how many problems (default 3)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``reflectrl tasks``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage / help
+        return int(exc.code or 0)
+    try:
+        if args.command == "validate" and args.workers is not None and args.workers < 1:
+            raise ConfigError("--workers must be at least 1")
+        return {"list": _cmd_list, "show": _cmd_show, "validate": _cmd_validate}[args.command](args)
+    except ReflectRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,3 +23,173 @@ def bootstrap_ci(x, statistic=iqm, confidence: float = 0.95, n_resamples: int = 
     res = stats.bootstrap((x,), lambda s, axis=-1: np.apply_along_axis(statistic, axis, s), confidence_level=confidence,
                           n_resamples=n_resamples, method="percentile", random_state=np.random.default_rng(seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+# --------------------------------------------------------------------------------------------------
+# Interval estimates for comparisons (``reflectrl compare``). Two engines compute the same quantities:
+# scipy's ``stats.bootstrap`` (default: vectorized, fast) and rliable, the reference implementation of
+# Agarwal et al. (optional: ``pip install rliable``). Point estimates agree exactly; intervals agree up to
+# bootstrap noise (tests/eval/test_stats.py checks both).
+
+ENGINES = ("scipy", "rliable")
+
+
+def rliable_available() -> bool:
+    """Whether ``rliable.library`` imports. rliable 1.2 pins ``arch<8``, and arch 7.x fails at import time
+    under pandas 3, so any exception counts as unavailable (install ``pandas<3`` beside it)."""
+    try:
+        import rliable.library  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def _engine(engine: str | None) -> str:
+    engine = engine or "scipy"
+    if engine not in ENGINES:
+        raise ValueError(f"unknown statistics engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if engine == "rliable" and not rliable_available():
+        raise ImportError("the rliable engine needs rliable: pip install rliable 'pandas<3'")
+    return engine
+
+
+def probability_of_improvement(x, y) -> float:
+    """P(X > Y) + P(X = Y)/2 for one draw of each sample: the Mann-Whitney U of ``x`` over ``y`` / (m n).
+
+    Samples that do not overlap give 1 (or 0); identical samples give 0.5.
+    """
+    x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
+    return float(stats.mannwhitneyu(x, y, alternative="two-sided").statistic / (len(x) * len(y)))
+
+
+def mean_probability_of_improvement(xs, ys) -> float:
+    """The probability of improvement averaged over tasks: ``xs[k]`` and ``ys[k]`` are the runs of task k."""
+    return float(np.mean([probability_of_improvement(x, y) for x, y in zip(xs, ys)]))
+
+
+def _pairwise_poi(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The same U/(m n) by counting pairs along the last axis (leading axes batch bootstrap resamples)."""
+    d = x[..., :, None] - y[..., None, :]
+    return np.mean((d > 0) + 0.5 * (d == 0), axis=(-2, -1))
+
+
+def _rliable_ci(arrays: list, func, confidence: float, n_resamples: int, seed: int) -> tuple[float, float]:
+    """rliable's stratified (independent) bootstrap, percentile interval of ``func(*arrays)``; arrays are
+    [runs, tasks] and runs are resampled within each task."""
+    import warnings
+
+    from rliable import library
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # arch: "random_state is deprecated"
+        _, ci = library.get_interval_estimates({"x": list(arrays)}, func, reps=n_resamples,
+                                               confidence_interval_size=confidence,
+                                               random_state=np.random.RandomState(seed))
+    low, high = np.asarray(ci["x"], float).reshape(2, -1)[:, 0]
+    return float(low), float(high)
+
+
+def _scipy_ci(samples: tuple, statistic, confidence: float, n_resamples: int, seed: int) -> tuple[float, float]:
+    """scipy's percentile bootstrap of the vectorized ``statistic(*samples, axis=-1)``, every sample resampled
+    independently (each sample is one stratum)."""
+    import warnings
+
+    if all(np.ptp(s) == 0 for s in samples):  # constant data: every resample gives the point estimate
+        v = float(statistic(*samples, axis=-1))
+        return v, v
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = stats.bootstrap(samples, statistic, vectorized=True, paired=False, confidence_level=confidence,
+                              n_resamples=n_resamples, batch=1000, method="percentile",
+                              rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def iqm_ci(x, confidence: float = 0.95, n_resamples: int = 5000, seed: int = 0,
+           engine: str | None = None) -> tuple[float, float, float]:
+    """``(IQM, low, high)`` of the runs ``x`` of one task, with a percentile bootstrap CI over runs."""
+    x = np.asarray(x, float).ravel()
+    if len(x) < 2:
+        return (iqm(x) if len(x) else float("nan")), float("nan"), float("nan")
+    if _engine(engine) == "rliable":
+        from rliable import metrics
+
+        ci = _rliable_ci([x[:, None]], lambda a: np.array([metrics.aggregate_iqm(a)]), confidence, n_resamples, seed)
+    else:
+        ci = _scipy_ci((x,), lambda a, axis: stats.trim_mean(a, 0.25, axis=axis), confidence, n_resamples, seed)
+    return (iqm(x), *ci)
+
+
+def probability_of_improvement_ci(x, y, confidence: float = 0.95, n_resamples: int = 5000, seed: int = 0,
+                                  engine: str | None = None) -> tuple[float, float, float]:
+    """``(P(X > Y), low, high)``; the bootstrap resamples the runs of X and of Y independently."""
+    return mean_probability_of_improvement_ci([x], [y], confidence, n_resamples, seed, engine)
+
+
+def mean_probability_of_improvement_ci(xs, ys, confidence: float = 0.95, n_resamples: int = 5000, seed: int = 0,
+                                       engine: str | None = None) -> tuple[float, float, float]:
+    """``(mean over tasks of P(X_k > Y_k), low, high)`` with a stratified bootstrap: runs are resampled
+    within each task, independently for X and for Y (tasks are the strata; the set of tasks is fixed).
+    The rliable engine needs the same number of runs in every task; otherwise scipy's bootstrap is used."""
+    xs = [np.asarray(x, float).ravel() for x in xs]
+    ys = [np.asarray(y, float).ravel() for y in ys]
+    if not xs or min(len(v) for v in xs + ys) == 0:
+        return float("nan"), float("nan"), float("nan")
+    point = mean_probability_of_improvement(xs, ys)
+    if min(len(v) for v in xs + ys) < 2:
+        return point, float("nan"), float("nan")
+    k = len(xs)
+    same_shape = len({len(x) for x in xs}) == 1 and len({len(y) for y in ys}) == 1
+    if _engine(engine) == "rliable" and same_shape:
+        # rliable's StratifiedIndependentBootstrap; the statistic is rliable's metrics.probability_of_improvement
+        # computed by counting pairs (identical values, without a Mann-Whitney call per resample).
+        poi = lambda X, Y: np.mean(_pairwise_poi(X.T, Y.T))  # noqa: E731  [runs, tasks] -> per task
+        return (point, *_rliable_ci([np.stack(xs, 1), np.stack(ys, 1)], poi, confidence, n_resamples, seed))
+    stat = lambda *s, axis=-1: np.mean([_pairwise_poi(s[i], s[k + i]) for i in range(k)], axis=0)  # noqa: E731
+    return (point, *_scipy_ci((*xs, *ys), stat, confidence, n_resamples, seed))
+
+
+def interpolate_curve(steps, values, grid, extrapolate: bool = False) -> np.ndarray:
+    """A logged curve (``values`` at increasing ``steps``) linearly interpolated on ``grid``.
+
+    Outside the logged range the value is NaN, or with ``extrapolate`` the first (last) logged value."""
+    steps, values, grid = (np.asarray(a, float) for a in (steps, values, grid))
+    if len(steps) == 0:
+        return np.full(grid.shape, np.nan)
+    order = np.argsort(steps, kind="stable")
+    steps, values = steps[order], values[order]
+    out = np.interp(grid, steps, values)
+    if not extrapolate:
+        out[(grid < steps[0]) | (grid > steps[-1])] = np.nan
+    return out
+
+
+def early_auc(steps, values, total_steps: float, fraction: float = 0.2, num_points: int = 101) -> float:
+    """Early-learning area under the curve: the mean of the curve over steps [0, fraction * total_steps].
+
+    The curve is interpolated linearly on ``num_points`` evenly spaced steps of that window (holding the first
+    logged value before the first logged step), integrated by the trapezoid rule and divided by the window's
+    length. NaN when nothing was logged."""
+    if len(np.asarray(steps)) == 0:
+        return float("nan")
+    end = fraction * float(total_steps)
+    grid = np.linspace(0.0, end, num_points)
+    y = interpolate_curve(steps, values, grid, extrapolate=True)
+    return float(np.trapezoid(y, grid) / end)
+
+
+def mean_t_band(y, confidence: float = 0.95, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean, low, high)`` of ``y`` along ``axis`` ignoring NaNs; the band is Student's t interval of the mean
+    (NaN where fewer than two values)."""
+    y = np.asarray(y, float)
+    n = np.sum(~np.isnan(y), axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(y, axis=axis)
+            sem = np.nanstd(y, axis=axis, ddof=1) / np.sqrt(n)
+        half = stats.t.ppf(0.5 + confidence / 2, np.maximum(n - 1, 1)) * sem
+    half = np.where(n >= 2, half, np.nan)
+    return mean, mean - half, mean + half

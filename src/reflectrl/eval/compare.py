@@ -1,0 +1,496 @@
+"""``reflectrl compare``: methods x envs x seeds, each run through the CLI in its own run directory, then
+``report.md`` (IQM, probability of improvement, early-learning AUC, with bootstrap CIs) and ``curves.png``.
+
+Layout: ``OUT/runs/{env}/{method}/seed_{s}/`` holds the run (``config.json``, ``metrics.jsonl``,
+``checkpoint.safetensors``), ``train.log`` (stdout and stderr of every process of the run), ``run.json``
+(method label, arguments, wall time of each attempt) and ``eval.json`` (``reflectrl eval --json``), written
+last. A rerun skips runs with ``eval.json`` and resumes the ones that have a checkpoint but no evaluation,
+so an interrupted comparison continues where it stopped.
+
+``reflectrl plot`` redraws curves from run directories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import ConfigError, ReflectRLError
+from .rundata import EPISODIC_RETURN, load_run, read_json
+
+CHECKPOINT = "checkpoint.safetensors"  # reflectrl.control.ppo.CHECKPOINT (not imported: keeps this module light)
+EVAL_FILE, RUN_FILE, LOG_FILE = "eval.json", "run.json", "train.log"
+# Flags compare sets itself for every run; a method's or --extra's arguments may not repeat them.
+RESERVED = ("--algo", "--env-id", "--seed", "--total-timesteps", "--run-dir", "--resume", "--progress",
+            "--no-progress")
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+# ------------------------------------------------------------------------------------------------ grid
+@dataclass(frozen=True)
+class MethodSpec:
+    """One ``--methods`` entry: ``ALGO`` or ``LABEL=ALGO ARGS...`` (a variant with its own train flags)."""
+
+    label: str
+    algo: str
+    args: tuple[str, ...] = ()
+
+
+def parse_method(text: str) -> MethodSpec:
+    """Parse ``"ppo"`` or ``"ppo-lr3=ppo --learning-rate 3e-4"`` (one shell word, quoted)."""
+    words = shlex.split(text)
+    if not words:
+        raise ConfigError("empty --methods entry")
+    head, args = words[0], tuple(words[1:])
+    label, _, algo = head.partition("=") if "=" in head else (head, "", head)
+    if not LABEL.match(label) or not algo:
+        raise ConfigError(f"bad --methods entry {text!r}: use ALGO or 'LABEL=ALGO [TRAIN FLAGS]' with a label of "
+                          "letters, digits, '.', '_', '+', '-'")
+    check_train_args(args, f"--methods {label}")
+    return MethodSpec(label, algo, args)
+
+
+def check_train_args(args: Sequence[str], where: str) -> None:
+    """Refuse flags that compare sets for every run."""
+    for a in args:
+        if a.split("=", 1)[0] in RESERVED:
+            raise ConfigError(f"{where}: {a.split('=', 1)[0]} is set by compare for every run; remove it "
+                              "(use --env-ids, --seeds, --total-timesteps, --out)")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One cell of the grid: everything ``run_one`` needs, picklable (it travels to Ray workers)."""
+
+    env_id: str
+    method: str
+    algo: str
+    seed: int
+    total_timesteps: int
+    run_dir: str
+    train_args: tuple[str, ...] = ()
+    eval_episodes: int = 20
+    ship_files: bool = False  # return the run's small files in the result (Ray workers without a shared disk)
+
+    @property
+    def name(self) -> str:
+        return f"{self.env_id}/{self.method}/seed_{self.seed}"
+
+
+def run_dir_for(out: Path, env_id: str, method: str, seed: int) -> Path:
+    """``OUT/runs/{env}/{method}/seed_{s}`` (a ``/`` in an env id, as in ``ALE/Pong-v5``, becomes ``__``)."""
+    return Path(out) / "runs" / env_id.replace("/", "__") / method / f"seed_{seed}"
+
+
+def build_grid(methods: Sequence[MethodSpec], env_ids: Sequence[str], seeds: Sequence[int], total_timesteps: int,
+               out: Path, extra: Sequence[str] = (), eval_episodes: int = 20) -> list[RunSpec]:
+    """Every (env, method, seed), envs outermost."""
+    return [RunSpec(env, m.label, m.algo, s, total_timesteps, str(run_dir_for(out, env, m.label, s)),
+                    (*m.args, *extra), eval_episodes)
+            for env in env_ids for m in methods for s in seeds]
+
+
+# ------------------------------------------------------------------------------------------------ one run
+def plan(spec: RunSpec) -> tuple[str, str]:
+    """``("skip" | "resume" | "train" | "conflict", why)`` from what the run directory holds."""
+    d = Path(spec.run_dir)
+    info, cfg = read_json(d / RUN_FILE), read_json(d / "config.json")
+    if info is not None and (info.get("algo"), list(info.get("train_args", []))) != (spec.algo, list(spec.train_args)):
+        return "conflict", (f"{d} holds a run of {info.get('algo')} with arguments "
+                            f"{shlex.join(info.get('train_args', [])) or '(none)'}, not "
+                            f"{spec.algo} {shlex.join(spec.train_args) or '(none)'}; use another --out or the same "
+                            "arguments")
+    if info is None and cfg is not None and cfg.get("algo", "ppo") != spec.algo:
+        return "conflict", f"{d} holds a run of {cfg.get('algo', 'ppo')}, not {spec.algo}; use another --out"
+    done = (info or {}).get("total_timesteps", (cfg or {}).get("total_timesteps"))
+    has_ckpt = (d / CHECKPOINT).is_file()
+    if has_ckpt and done is not None and done > spec.total_timesteps:
+        return "conflict", (f"{d} holds a run of {done} steps, more than --total-timesteps {spec.total_timesteps}; "
+                            "use another --out or that budget")
+    if (d / EVAL_FILE).is_file() and done == spec.total_timesteps:
+        return "skip", "finished"
+    if has_ckpt:
+        same = done == spec.total_timesteps
+        return "resume", "checkpoint without evaluation" if same else f"extend to {spec.total_timesteps} steps"
+    return "train", "new"
+
+
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _load_prctl():
+    """libc's ``prctl`` on Linux (loaded here, once: the child after fork must not load libraries)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """The child gets SIGTERM when the process that started it dies: no orphan keeps writing a run."""
+    _PRCTL(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def _run_cli(args: list[str], log: Path, capture: bool = False) -> tuple[int, str, float]:
+    """Run ``python -m reflectrl.cli ARGS`` with stdout (unless captured) and stderr appended to ``log``;
+    returns ``(status, captured stdout, wall seconds)``."""
+    cmd = [sys.executable, "-m", "reflectrl.cli", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    with open(log, "a") as fh:
+        fh.write(f"\n$ reflectrl {shlex.join(args)}\n")
+        fh.flush()
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture else fh, stderr=fh, text=True, env=env,
+                             preexec_fn=_die_with_parent if _PRCTL is not None else None)
+        with _LIVE_LOCK:
+            _LIVE.add(p)
+        try:
+            out, _ = p.communicate()
+        except BaseException:  # interrupted while waiting (Ray cancel, Ctrl-C): stop the child, keep its checkpoint
+            p.send_signal(signal.SIGINT)
+            p.wait()
+            raise
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(p)
+        if capture and out:
+            fh.write(out)
+    return p.returncode, out or "", time.perf_counter() - t0
+
+
+def stop_children() -> None:
+    """Interrupt every run process this process started (they exit keeping their last checkpoint)."""
+    with _LIVE_LOCK:
+        for p in list(_LIVE):
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+
+
+def _last_error(log: Path, offset: int) -> str:
+    """The ``error: ...`` line (else the last line) a failed process wrote to ``log`` after ``offset``."""
+    try:
+        with open(log, errors="replace") as fh:
+            fh.seek(offset)
+            lines = [l.strip() for l in fh.read().splitlines() if l.strip() and not l.startswith("$ reflectrl")]
+    except OSError:
+        return "no output"
+    errors = [l for l in lines if l.startswith("error:")]
+    msg = (errors or lines or ["no output"])[-1]
+    return msg[:300]
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    """The JSON object on the last line of a command's stdout."""
+    try:
+        obj = json.loads(text.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)
+
+
+def _clear(d: Path) -> None:
+    """Remove what an attempt that never reached a checkpoint left (train.log is kept, appended to)."""
+    import shutil
+
+    for name in ("config.json", "metrics.jsonl", "metrics.tmp", EVAL_FILE, RUN_FILE):
+        (d / name).unlink(missing_ok=True)
+    shutil.rmtree(d / "tb", ignore_errors=True)
+
+
+def make_result(spec: RunSpec, action: str, **extra: Any) -> dict[str, Any]:
+    """What ``run_one`` returns for a run that finished: ``action`` is trained, resumed or skipped."""
+    return {"name": spec.name, "run_dir": spec.run_dir, "log": str(Path(spec.run_dir) / LOG_FILE), "status": "ok",
+            "action": action, "error": None, **extra}
+
+
+def failed_result(spec: RunSpec, error: str) -> dict[str, Any]:
+    """The result of a run that did not finish, with a one-line ``error``."""
+    return {**make_result(spec, None), "status": "failed", "error": error}
+
+
+def _attempt(spec: RunSpec, action: str, log: Path) -> dict[str, Any]:
+    """Train or resume, then evaluate; records every process in ``run.json``. Returns the result."""
+    d = Path(spec.run_dir)
+    info = read_json(d / RUN_FILE) or {"attempts": []}
+    info.update(method=spec.method, algo=spec.algo, env_id=spec.env_id, seed=spec.seed,
+                total_timesteps=spec.total_timesteps, train_args=list(spec.train_args))
+    _write_json(d / RUN_FILE, info)
+    if action == "resume":
+        args = ["train", "--resume", str(d), "--total-timesteps", str(spec.total_timesteps), "--no-progress"]
+    else:
+        args = ["train", "--algo", spec.algo, "--env-id", spec.env_id, "--seed", str(spec.seed), "--total-timesteps",
+                str(spec.total_timesteps), "--run-dir", str(d), "--no-progress", *spec.train_args]
+    offset = log.stat().st_size if log.exists() else 0
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    rc, out, wall = _run_cli(args, log, capture=True)
+    attempt = {"kind": action, "wall_s": wall, "status": rc, "at": started}
+    summary = _last_json(out)
+    if summary and isinstance(summary.get("wall_s"), (int, float)):
+        attempt["learn_s"] = summary["wall_s"]  # the training loop alone (no start-up, env creation, imports)
+    info["attempts"].append(attempt)
+    _write_json(d / RUN_FILE, info)
+    if rc != 0:
+        return failed_result(spec, f"{'resume' if action == 'resume' else 'train'} exited with status {rc}: "
+                                   f"{_last_error(log, offset)}")
+    offset = log.stat().st_size
+    rc, out, eval_wall = _run_cli(["eval", str(d), "--episodes", str(spec.eval_episodes), "--json"], log, capture=True)
+    info["attempts"].append({"kind": "eval", "wall_s": eval_wall, "status": rc})
+    _write_json(d / RUN_FILE, info)
+    result = _last_json(out) if rc == 0 else None
+    if result is None or "mean" not in result:
+        return failed_result(spec, f"eval exited with status {rc}: {_last_error(log, offset)}")
+    _write_json(d / EVAL_FILE, result)
+    return make_result(spec, "resumed" if action == "resume" else "trained", wall_s=wall, eval_mean=result["mean"])
+
+
+def run_one(spec: RunSpec) -> dict[str, Any]:
+    """Bring one run to evaluated: skip it when finished, resume it from its checkpoint, or train it.
+
+    Never raises: a failure comes back as ``status="failed"`` with a one-line ``error`` and the ``log`` path."""
+    d = Path(spec.run_dir)
+    try:
+        action, why = plan(spec)
+        if action == "conflict":
+            return failed_result(spec, why)
+        if action == "skip":
+            res = make_result(spec, "skipped")
+        else:
+            d.mkdir(parents=True, exist_ok=True)
+            if action == "train":
+                _clear(d)
+            (d / EVAL_FILE).unlink(missing_ok=True)
+            res = _attempt(spec, action, d / LOG_FILE)
+    except Exception as exc:  # noqa: BLE001  (disk full, permission denied, ...: report it, let the grid go on)
+        return failed_result(spec, f"{type(exc).__name__}: {exc}")
+    if spec.ship_files:
+        res["files"] = {n: (d / n).read_text(errors="replace") for n in ("config.json", "metrics.jsonl", RUN_FILE,
+                                                                          EVAL_FILE, LOG_FILE) if (d / n).is_file()}
+    return res
+
+
+def materialize(result: dict[str, Any]) -> None:
+    """Write the files a remote worker shipped back when this machine's run directory lacks them (no shared
+    disk). With a shared disk the files are already the same and nothing is written."""
+    files = result.pop("files", None)
+    if not files:
+        return
+    d = Path(result["run_dir"])
+    if (d / RUN_FILE).is_file() and (d / RUN_FILE).read_text(errors="replace") == files.get(RUN_FILE):
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        if name != EVAL_FILE:
+            (d / name).write_text(text)
+    if EVAL_FILE in files:  # last: its presence means "finished"
+        (d / EVAL_FILE).write_text(files[EVAL_FILE])
+
+
+# ------------------------------------------------------------------------------------------------ backends
+def run_local(specs: Sequence[RunSpec], workers: int, on_result: Callable[[dict], None]) -> None:
+    """Up to ``workers`` runs at a time on this machine, each in its own processes."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reflectrl-run")
+    futures = [pool.submit(run_one, s) for s in specs]
+    try:
+        for f in as_completed(futures):
+            on_result(f.result())
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_children()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def _backend(name: str) -> Callable[[Sequence[RunSpec], int, Callable[[dict], None]], None]:
+    if name == "ray":
+        from ..integrations.ray_backend import run_ray
+
+        return run_ray
+    return run_local
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="reflectrl compare",
+        description="Train and evaluate methods x envs x seeds (each run in OUT/runs/{env}/{method}/seed_{s}), then "
+                    "write OUT/report.md and OUT/curves.png. Rerunning the same command skips finished runs and "
+                    "resumes interrupted ones.")
+    ap.add_argument("--methods", nargs="+", required=True, metavar="METHOD",
+                    help="--algo names, or variants 'LABEL=ALGO TRAIN FLAGS' (quoted), e.g. 'ppo-lr1e3=ppo "
+                         "--learning-rate 1e-3'")
+    ap.add_argument("--env-ids", nargs="+", required=True, metavar="ENV", help="Gymnasium env ids")
+    ap.add_argument("--seeds", type=int, default=5, metavar="N", help="seeds 1..N per method and env (default 5)")
+    ap.add_argument("--total-timesteps", type=int, required=True, metavar="T", help="environment steps per run")
+    ap.add_argument("--out", required=True, metavar="DIR", help="output folder (runs/, report.md, curves.png)")
+    ap.add_argument("--backend", choices=("local", "ray"), default="local",
+                    help="local: a pool of processes on this machine; ray: one Ray task per run (RAY_ADDRESS or a "
+                         "cluster from `ray start`, else a local Ray instance)")
+    ap.add_argument("--workers", type=int, default=2, metavar="K",
+                    help="runs at a time (local pool; CPUs of a local Ray instance)")
+    ap.add_argument("--eval-episodes", type=int, default=20, metavar="N",
+                    help="evaluation episodes per run (default 20)")
+    ap.add_argument("--baseline", default="ppo", metavar="METHOD",
+                    help="method the probability of improvement compares to (default ppo)")
+    ap.add_argument("--early-fraction", type=float, default=0.2, metavar="F",
+                    help="share of the steps budget the early-learning AUC covers (default 0.2)")
+    ap.add_argument("--bootstrap-reps", type=int, default=5000, metavar="N",
+                    help="bootstrap resamples per CI (default 5000)")
+    ap.add_argument("--stats-engine", choices=("scipy", "rliable"), default="scipy",
+                    help="bootstrap implementation (rliable needs `pip install rliable 'pandas<3'`)")
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], metavar="TRAIN FLAGS",
+                    help="flags passed to every `reflectrl train` (must come last), e.g. --extra --num-envs 8")
+    return ap
+
+
+def _validate(args: argparse.Namespace) -> list[MethodSpec]:
+    checks = [(args.seeds >= 1, "--seeds must be at least 1"),
+              (args.total_timesteps > 0, "--total-timesteps must be positive"),
+              (args.workers >= 1, "--workers must be at least 1"),
+              (args.eval_episodes >= 1, "--eval-episodes must be at least 1"),
+              (0 < args.early_fraction <= 1, "--early-fraction must be in (0, 1]"),
+              (args.bootstrap_reps >= 100, "--bootstrap-reps must be at least 100")]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+    methods = [parse_method(m) for m in args.methods]
+    labels = [m.label for m in methods]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--methods names a method twice ({', '.join(labels)}); give variants distinct labels")
+    from ..control.algos import algo_names
+    from ..control.envs import check_env_id
+
+    known = algo_names()
+    for m in methods:
+        if m.algo not in known:
+            raise ConfigError(f"unknown --algo {m.algo!r} in --methods; available: {', '.join(known)}")
+    for env in args.env_ids:
+        check_env_id(env)
+    if args.stats_engine == "rliable":
+        from .stats import rliable_available
+
+        if not rliable_available():
+            raise ConfigError("--stats-engine rliable needs rliable: pip install rliable 'pandas<3'")
+    return methods
+
+
+def write_outputs(out: Path, specs: Sequence[RunSpec], results: Sequence[dict], command: str,
+                  args: argparse.Namespace, methods: Sequence[MethodSpec]) -> tuple[Path, Path | None]:
+    """``report.md`` and ``curves.png`` from the run directories of ``specs`` (failed runs listed)."""
+    from .plots import plot_runs
+    from .report import ReportOptions, build_report
+
+    runs = []
+    for s in specs:
+        if (Path(s.run_dir) / "config.json").is_file():
+            r = load_run(s.run_dir)
+            if r.final_return is not None:
+                runs.append(r)
+    opts = ReportOptions(command=command, methods=[m.label for m in methods], env_ids=args.env_ids,
+                         baseline=args.baseline, early_fraction=args.early_fraction, n_resamples=args.bootstrap_reps,
+                         engine=args.stats_engine, failures=[r for r in results if r["status"] != "ok"])
+    if args.baseline not in opts.methods:
+        opts.notes.append(f"the baseline {args.baseline!r} is not among --methods: no probability of improvement.")
+    curves: Path | None = None
+    if runs:
+        try:
+            curves = plot_runs(runs, EPISODIC_RETURN, out / "curves.png")
+        except ReflectRLError as exc:
+            opts.notes.append(f"no curves: {exc}")
+    opts.curves = curves.name if curves else None
+    report = out / "report.md"
+    tmp = report.with_suffix(".md.tmp")
+    tmp.write_text(build_report(runs, out, opts, args.eval_episodes))
+    tmp.replace(report)
+    return report, curves
+
+
+def main(argv: list[str]) -> int:
+    """``reflectrl compare``."""
+    args = _parser().parse_args(argv)
+    methods = _validate(args)
+    extra = [w for a in args.extra for w in shlex.split(a)]
+    check_train_args(extra, "--extra")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    specs = build_grid(methods, args.env_ids, range(1, args.seeds + 1), args.total_timesteps, out, extra,
+                       args.eval_episodes)
+    plans = [plan(s)[0] for s in specs]
+    todo = [s for s, p in zip(specs, plans) if p != "skip"]
+    counts = {k: plans.count(k) for k in ("skip", "resume", "train", "conflict")}
+    print(f"{len(specs)} runs: {counts['skip']} finished (skipped), {counts['resume']} to resume, "
+          f"{counts['train']} to train" + (f", {counts['conflict']} in conflict" if counts["conflict"] else ""),
+          flush=True)
+    results = [make_result(s, "skipped") for s, p in zip(specs, plans) if p == "skip"]
+
+    def on_result(res: dict) -> None:
+        materialize(res)
+        results.append(res)
+        tag = f"[{len(results)}/{len(specs)}] {res['name']}"
+        if res["status"] == "ok":
+            print(f"{tag}: {res['action']} in {res.get('wall_s', 0.0):.1f} s, "
+                  f"eval return {res.get('eval_mean', 0.0):.2f}", flush=True)
+        else:
+            print(f"run {res['name']} failed: {res['error']} (log: {res['log']})", file=sys.stderr, flush=True)
+
+    try:
+        if todo:
+            _backend(args.backend)(todo, args.workers, on_result)
+    except KeyboardInterrupt:
+        print(f"interrupted; run the same command again to resume (finished runs are kept in {out / 'runs'})",
+              file=sys.stderr)
+        return 130
+    command = "reflectrl compare " + shlex.join(argv)
+    report, curves = write_outputs(out, specs, results, command, args, methods)
+    failed = [r for r in results if r["status"] != "ok"]
+    print(f"report: {report}" + (f"\ncurves: {curves}" if curves else ""))
+    if failed:
+        print(f"{len(failed)} of {len(specs)} runs failed: {', '.join(r['name'] for r in failed)} (see report.md)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def plot_main(argv: list[str]) -> int:
+    """``reflectrl plot``: curves from run directories or compare output folders."""
+    from .plots import plot_metric_over_time
+
+    ap = argparse.ArgumentParser(prog="reflectrl plot",
+                                 description="Draw logged metrics over training from run directories (or folders "
+                                             "holding them, such as a compare --out folder), one subplot per env and "
+                                             "metric, one line per method (mean over seeds, 95% t band).")
+    ap.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_FOLDER")
+    ap.add_argument("--out", required=True, metavar="FILE", help="image file to write (.png, .pdf, .svg)")
+    ap.add_argument("--metric", action="append", default=None, metavar="NAME",
+                    help=f"metric from metrics.jsonl; repeat for several rows (default {EPISODIC_RETURN})")
+    args = ap.parse_args(argv)
+    path = plot_metric_over_time(args.paths, args.metric or [EPISODIC_RETURN], args.out)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,135 @@
+"""Reading finished or partial run directories: labels, logged curves, evaluation, wall time.
+
+A run directory holds ``config.json`` (with ``algo`` and ``env_id``), ``metrics.jsonl`` (one record per
+update, ``global_step`` first), and, when ``reflectrl compare`` ran it, ``run.json`` (the method label, the
+train arguments and the wall time of each attempt) and ``eval.json`` (``reflectrl eval --json``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..errors import ReflectRLError
+
+EPISODIC_RETURN = "charts/episodic_return"
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The object in ``path``, or None when the file is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``; a torn last line (a run killed mid-write) is skipped."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+@dataclass
+class RunData:
+    """One run directory, read once."""
+
+    run_dir: Path
+    method: str
+    algo: str
+    env_id: str
+    seed: int | None
+    total_timesteps: int | None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    eval: dict[str, Any] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def series(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(global_step, value)`` of every record that logged ``metric`` as a number."""
+        pts = [(r["global_step"], r[metric]) for r in self.records
+               if isinstance(r.get(metric), (int, float)) and not isinstance(r.get(metric), bool)
+               and isinstance(r.get("global_step"), (int, float))]
+        if not pts:
+            return np.zeros(0), np.zeros(0)
+        a = np.asarray(pts, float)
+        return a[:, 0], a[:, 1]
+
+    @property
+    def final_return(self) -> float | None:
+        """The mean return of the evaluation episodes (``eval.json``), None before evaluation."""
+        return None if not self.eval or self.eval.get("mean") is None else float(self.eval["mean"])
+
+    @property
+    def last_step(self) -> int:
+        steps = [r["global_step"] for r in self.records if isinstance(r.get("global_step"), (int, float))]
+        return int(max(steps)) if steps else 0
+
+    @property
+    def train_wall_s(self) -> float | None:
+        """Wall time of the training processes over every recorded attempt (train and resumes)."""
+        return self._attempt_sum("wall_s")
+
+    @property
+    def learn_s(self) -> float | None:
+        """Seconds inside the training loop (the trainer's own ``wall_s``) over every recorded attempt."""
+        return self._attempt_sum("learn_s")
+
+    def _attempt_sum(self, key: str) -> float | None:
+        vals = [a[key] for a in self.info.get("attempts", []) if a.get("kind") in ("train", "resume") and key in a]
+        return float(sum(vals)) if vals else None
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run directory; raises ReflectRLError when it has no readable ``config.json``."""
+    run_dir = Path(run_dir)
+    cfg = read_json(run_dir / "config.json")
+    if cfg is None:
+        raise ReflectRLError(f"{run_dir} is not a reflectrl run directory (no readable config.json)")
+    info = read_json(run_dir / "run.json") or {}
+    algo = str(cfg.get("algo", "ppo"))
+    return RunData(run_dir=run_dir, method=str(info.get("method", algo)), algo=algo,
+                   env_id=str(cfg.get("env_id", "?")), seed=cfg.get("seed"),
+                   total_timesteps=info.get("total_timesteps", cfg.get("total_timesteps")),
+                   records=read_records(run_dir / "metrics.jsonl"), eval=read_json(run_dir / "eval.json"), info=info)
+
+
+def discover_runs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run directories named by ``paths``: each path is a run directory (it holds ``config.json``) or a folder
+    searched recursively for them (a ``reflectrl compare`` output, a ``runs/`` folder)."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise ReflectRLError(f"{p} does not exist")
+        if (p / "config.json").is_file():
+            found.append(p)
+        else:
+            found.extend(sorted(c.parent for c in p.rglob("config.json")))
+    unique = list(dict.fromkeys(found))
+    if not unique:
+        raise ReflectRLError(f"no run directories (folders with config.json) under {', '.join(map(str, paths))}")
+    return unique
+
+
+def group_runs(runs: Iterable[RunData]) -> dict[str, dict[str, list[RunData]]]:
+    """``{env_id: {method: [runs sorted by seed]}}``, envs and methods in order of first appearance."""
+    out: dict[str, dict[str, list[RunData]]] = {}
+    for r in runs:
+        out.setdefault(r.env_id, {}).setdefault(r.method, []).append(r)
+    for methods in out.values():
+        for rs in methods.values():
+            rs.sort(key=lambda r: (r.seed is None, r.seed if r.seed is not None else 0, str(r.run_dir)))
+    return out

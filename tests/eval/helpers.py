@@ -1,0 +1,20 @@
+"""Synthetic run directories, written the way `reflectrl train` and `reflectrl compare` write them."""
+
+import json
+from pathlib import Path
+
+
+def fake_run(d: Path, env_id: str, method: str, seed: int, curve, final: float, total: int = 1000,
+             extra: dict | None = None, algo: str = "ppo", wall: float = 3.0) -> Path:
+    """A finished run: ``curve`` is [(global_step, episodic_return)], ``final`` the eval mean."""
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {"algo": algo, "env_id": env_id, "seed": seed, "total_timesteps": total}
+    (d / "config.json").write_text(json.dumps(cfg))
+    recs = [{"update": i + 1, "global_step": s, "charts/episodic_return": r, **((extra or {}).get(s, {}))}
+            for i, (s, r) in enumerate(curve)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (d / "eval.json").write_text(json.dumps({"mean": final, "std": 0.0, "episodes": 2, "returns": [final, final]}))
+    attempt = {"kind": "train", "wall_s": wall, "status": 0, "learn_s": wall / 4}
+    (d / "run.json").write_text(json.dumps({"method": method, "algo": algo, "env_id": env_id, "seed": seed,
+                                            "total_timesteps": total, "train_args": [], "attempts": [attempt]}))
+    return d

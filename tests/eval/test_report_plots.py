@@ -1,0 +1,65 @@
+"""report.md and the plots from synthetic run directories (no training)."""
+
+import re
+
+import pytest
+
+from reflectrl.cli import main as cli_main
+from reflectrl.eval.plots import plot_metric_over_time
+from reflectrl.eval.report import ReportOptions, build_report
+from reflectrl.eval.rundata import discover_runs, load_run
+
+from .helpers import fake_run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def grid(tmp_path):
+    """2 envs x {ppo, better} x 3 seeds; `better` wins every seed and learns faster."""
+    for env in ("EnvA-v0", "EnvB-v0"):
+        for seed in (1, 2, 3):
+            fake_run(tmp_path / "runs" / env / "ppo" / f"seed_{seed}", env, "ppo", seed,
+                     [(100, 0.0), (200, 10.0), (1000, 50.0)], final=10.0 + seed, wall=2.0)
+            fake_run(tmp_path / "runs" / env / "better" / f"seed_{seed}", env, "better", seed,
+                     [(100, 20.0), (200, 40.0), (1000, 90.0)], final=100.0 + seed, wall=4.0,
+                     extra={100: {"reflection/L_cal": 1.0}, 1000: {"reflection/L_cal": 0.2}})
+    return tmp_path
+
+
+def test_report_tables(grid):
+    runs = [load_run(d) for d in discover_runs([grid])]
+    assert len(runs) == 12
+    opts = ReportOptions(command="reflectrl compare --methods ppo better ...", methods=["ppo", "better"],
+                         env_ids=["EnvA-v0", "EnvB-v0"], n_resamples=500)
+    text = build_report(runs, grid, opts)
+    assert "reflectrl compare --methods ppo better ..." in text
+    assert "## EnvA-v0" in text and "## EnvB-v0" in text and "## Across environments" in text
+    # IQM of 11, 12, 13 (nothing trimmed of 3) = 12; better beats ppo in every pair: P = 1 with CI [1, 1]
+    ppo = re.search(r"\| ppo \| 3 \| 12\.00 \[(\S+), (\S+)\] \| \(baseline\) \|", text)
+    assert ppo and 11.0 <= float(ppo[1]) < 12.0 < float(ppo[2]) <= 13.0
+    assert re.search(r"\| better \| 3 \| 102\.0 \[\S+, \S+\] \| 1\.00 \[1\.00, 1\.00\] \|", text)
+    # early AUC over [0, 200]: ppo holds 0 until 100 then rises to 10 -> (0*100 + 5*100) / 200 = 2.5
+    # better: (20*100 + 30*100) / 200 = 25; wall times 2.0 and 4.0 s, a quarter of it in the training loop
+    assert "| (baseline) | 2.50 [2.50, 2.50] | 2.0 (0.5) |" in text
+    assert "| 1.00 [1.00, 1.00] | 25.00 [25.00, 25.00] | 4.0 (1.0) |" in text
+    assert "| better | 2 | 1.00 [1.00, 1.00] |" in text  # across envs
+    assert "## Definitions" in text and "Mann-Whitney" in text
+    assert text.index("| EnvA-v0 | ppo | 1 |") < text.index("| EnvA-v0 | better | 1 |")  # --methods order
+
+
+def test_plot_command_and_metric_over_time(grid, capsys):
+    out = grid / "curves.png"
+    assert cli_main(["plot", str(grid), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG
+    one_run = grid / "runs" / "EnvA-v0" / "better" / "seed_1"
+    p = plot_metric_over_time([grid / "runs" / "EnvA-v0", one_run], ["reflection/L_cal", "charts/episodic_return"],
+                              grid / "refl.png")
+    assert p.read_bytes()[:8] == PNG
+
+
+def test_plot_unknown_metric_is_one_clear_error(grid, capsys):
+    assert cli_main(["plot", str(grid), "--out", str(grid / "x.png"), "--metric", "nope/never"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: none of the 12 runs logged nope/never")
+    assert cli_main(["plot", str(grid / "missing"), "--out", str(grid / "x.png")]) == 2

@@ -74,6 +74,8 @@ class PPOConfig:
     """Scale rewards by the running std of the discounted return (default off discrete, on continuous)."""
     bootstrap_truncation: bool = True
     """Bootstrap from V(final observation) when an episode is truncated (CleanRL treats it as terminal)."""
+    seed_group_size: int = 1
+    """Envs 0..G-1, G..2G-1, ... share the reset seed of their n-th episodes (1: every env its own)."""
     threads: int = 1
     """torch CPU threads (one is fastest for small MLPs)."""
     save_interval: int = 10
@@ -129,6 +131,7 @@ class PPOConfig:
             (len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes), "--hidden-sizes must be positive widths"),
             (self.threads >= 1, "--threads must be at least 1"),
             (self.save_interval >= 0, "--save-interval must be non-negative"),
+            (self.seed_group_size >= 1, "--seed-group-size must be at least 1"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -137,6 +140,8 @@ class PPOConfig:
             if self.batch_size % self.num_minibatches:
                 raise ConfigError(f"the batch (--num-envs {self.num_envs} x --num-steps {self.num_steps} = "
                                   f"{self.batch_size}) is not divisible by --num-minibatches {self.num_minibatches}")
+            if self.num_envs % self.seed_group_size:
+                raise ConfigError(f"--num-envs {self.num_envs} is not divisible by --seed-group-size {self.seed_group_size}")
             if self.total_timesteps < self.batch_size:
                 raise ConfigError(f"--total-timesteps {self.total_timesteps} is smaller than one batch "
                                   f"({self.batch_size} = num_envs x num_steps)")

@@ -84,10 +84,12 @@ def _lean_ok(fn) -> bool:
 
 class EpisodeTracker:
     """Per-env episode bookkeeping: episode numbers, raw return and length, and the actions taken
-    since each env's last reset (kept once per vector step, trimmed as episodes end; for replay)."""
+    since each env's last reset (kept once per vector step, trimmed as episodes end; for replay).
+    With ``group_size`` G > 1, envs i and j with i // G == j // G reset their n-th episodes from
+    the same seed (groups of episodes from one start state)."""
 
-    def __init__(self, seed: int, num_envs: int):
-        self.seed, self.num_envs = seed, num_envs
+    def __init__(self, seed: int, num_envs: int, group_size: int = 1):
+        self.seed, self.num_envs, self.group_size = seed, num_envs, group_size
         self.episode = np.zeros(num_envs, dtype=np.int64)
         self.ret = np.zeros(num_envs, dtype=np.float64)
         self.length = np.zeros(num_envs, dtype=np.int64)
@@ -97,7 +99,7 @@ class EpisodeTracker:
 
     def seeds(self, mask: np.ndarray | None = None) -> list[int | None]:
         """Reset seeds for the envs in ``mask`` (all when None)."""
-        return [episode_seed(self.seed, i, int(self.episode[i])) if mask is None or mask[i] else None
+        return [episode_seed(self.seed, i // self.group_size, int(self.episode[i])) if mask is None or mask[i] else None
                 for i in range(self.num_envs)]
 
     def record(self, actions: np.ndarray, rewards: np.ndarray) -> None:

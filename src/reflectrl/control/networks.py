@@ -92,12 +92,20 @@ class CategoricalActorCritic(ActorCritic):
 
     discrete = True
 
-    def act(self, obs: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Sample actions (Gumbel-max); return ``(action, logp, value)``."""
+    def sample_noise(self, shape: tuple[int, ...], generator: torch.Generator | None = None) -> Tensor:
+        """Gumbel noise for ``shape[:-1]`` categorical draws (pre-drawn for a whole rollout at once)."""
+        u = torch.rand(shape, generator=generator).clamp_(1e-12, 1.0)
+        return torch.log(-torch.log(u))
+
+    def act(self, obs: Tensor, generator: torch.Generator | None = None,
+            noise: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample actions by Gumbel-max (``noise`` from :meth:`sample_noise`, drawn here if None);
+        return ``(action, logp, value)``."""
         logits, value = self.net(obs)
         logp_all = torch.log_softmax(logits, -1)
-        u = torch.rand(logits.shape, generator=generator).clamp_(1e-12, 1.0)
-        action = (logp_all - torch.log(-torch.log(u))).argmax(-1)
+        if noise is None:
+            noise = self.sample_noise(logits.shape, generator)
+        action = (logp_all - noise).argmax(-1)
         return action, logp_all.gather(-1, action[:, None]).squeeze(-1), value
 
     def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -127,10 +135,11 @@ class GaussianActorCritic(ActorCritic):
         z = (action - mean) * torch.exp(-self.log_std)
         return (-0.5 * z.pow(2) - self.log_std - 0.5 * _LOG_2PI).sum(-1)
 
-    def act(self, obs: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Sample ``mean + std * eps``; return ``(action, logp, value)``."""
+    def act(self, obs: Tensor, generator: torch.Generator | None = None,
+            noise: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample ``mean + std * eps`` (``eps = noise``, drawn here if None); return ``(action, logp, value)``."""
         mean, value = self.net(obs)
-        eps = torch.randn(mean.shape, generator=generator)
+        eps = torch.randn(mean.shape, generator=generator) if noise is None else noise
         action = mean + self.log_std.exp() * eps
         logp = (-0.5 * eps.pow(2) - self.log_std - 0.5 * _LOG_2PI).sum(-1)
         return action, logp, value

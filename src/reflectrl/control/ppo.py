@@ -72,7 +72,7 @@ class PPO:
         self.rew_norm = RewardNormalizer(cfg.num_envs, cfg.gamma) if cfg.normalize_reward else None
         self.act_low = None if self.discrete else np.asarray(act_space.low, np.float64)
         self.act_high = None if self.discrete else np.asarray(act_space.high, np.float64)
-        self.tracker = EpisodeTracker(cfg.seed, cfg.num_envs)
+        self.tracker = EpisodeTracker(cfg.seed, cfg.num_envs, cfg.seed_group_size)
         self.obs_dim = int(np.prod(obs_space.shape))
         self.act_shape = () if self.discrete else tuple(act_space.shape)
         self.update_idx = 0
@@ -95,18 +95,21 @@ class PPO:
     def rollout(self) -> tuple[Rollout, dict[str, float]]:
         """Collect ``num_steps`` vector steps with the current policy."""
         cfg, T, N = self.cfg, self.cfg.num_steps, self.cfg.num_envs
-        obs_b = torch.zeros((T, N, self.obs_dim))
-        act_b = torch.zeros((T, N, *self.act_shape), dtype=torch.long if self.discrete else torch.float32)
-        logp_b, val_b, rew_b, final_v = (torch.zeros((T, N)) for _ in range(4))
+        obs_l, act_l, logp_l, val_l = [], [], [], []
+        rew_b, final_v = torch.zeros((T, N)), torch.zeros((T, N))
         term_b, trunc_b = (torch.zeros((T, N), dtype=torch.bool) for _ in range(2))
         t_env = t_inf = 0.0
         ep_returns: list[float] = []
         ep_lengths: list[int] = []
+        noise = None
+        if self.discrete:  # one draw for the whole rollout: the same stream as one draw per step
+            with torch.inference_mode():
+                noise = self.model.sample_noise((T, N, self.envs.single_action_space.n), self.gen)
         for t in range(T):
             t0 = time.perf_counter()
             with torch.inference_mode():
-                action, logp, value = self.model.act(self.obs, self.gen)
-                obs_b[t], act_b[t], logp_b[t], val_b[t] = self.obs, action, logp, value
+                action, logp, value = self.model.act(self.obs, self.gen, None if noise is None else noise[t])
+            obs_l.append(self.obs), act_l.append(action), logp_l.append(logp), val_l.append(value)
             env_action = self._env_action(action)
             t1 = time.perf_counter()
             raw, reward, term, trunc, _ = self.envs.step(env_action)
@@ -130,6 +133,7 @@ class PPO:
             t_inf += t1 - t0
         with torch.no_grad():
             bootstrap = self.model.value(self.obs)
+        obs_b, act_b, logp_b, val_b = (torch.stack(x) for x in (obs_l, act_l, logp_l, val_l))
         self.global_step += T * N
         self.recent_returns.extend(ep_returns)
         nxt = torch.cat([val_b[1:], bootstrap[None]], 0)

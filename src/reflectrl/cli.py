@@ -51,7 +51,14 @@ def cmd_train(argv: list[str]) -> int:
         algo = get_algo(front.algo)
         if front.preset is not None and front.preset not in PRESETS:
             raise ConfigError(f"unknown preset {front.preset!r}; available: {', '.join(sorted(PRESETS))}")
-        default = algo.config_cls(**PRESETS[front.preset]) if front.preset else algo.config_cls()
+        default = algo.config_cls()
+        if front.preset:
+            fields = {f.name for f in dataclasses.fields(algo.config_cls)}
+            unknown = sorted(set(PRESETS[front.preset]) - fields)
+            if unknown:
+                raise ConfigError(f"preset {front.preset!r} sets {', '.join(unknown)}, which --algo {algo.name} "
+                                  "does not have; presets are for the PPO-family algos")
+            default = algo.config_cls(**PRESETS[front.preset])
         cfg = tyro.cli(algo.config_cls, args=rest, default=default, prog=f"reflectrl train --algo {algo.name}")
         if cfg.run_dir and (Path(cfg.run_dir) / CHECKPOINT).exists():
             raise ConfigError(f"run directory {cfg.run_dir} already holds a run; continue it with "

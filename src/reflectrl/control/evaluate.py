@@ -22,6 +22,10 @@ def load_policy(run_dir: str | Path):
     cfg = load_run_config(Path(run_dir))
     tensors, _ = load_checkpoint(Path(run_dir) / CHECKPOINT)
     check_env_id(cfg.env_id)
+    if any(k.startswith("q/") for k in tensors):  # a value-based run (dqn, exgrpo-seed-dqn)
+        from .dqn import load_q_policy
+
+        return load_q_policy(run_dir, tensors)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         env = gym.make(cfg.env_id)

@@ -1,0 +1,75 @@
+"""Wall-time overhead of each seed method over plain PPO at the same steps and settings, in one run.
+
+PPO and each PPO-based method (refgrpo-seed, gear-seed, exgrpo-seed, at their defaults) train on
+LunarLander-v3 with CleanRL's ppo.py settings (8 envs x 128 steps, 4 epochs, 4 minibatches,
+64x64 tanh, one torch thread), alternately, ``--rounds`` times; the order rotates every round.
+The machine may be shared and noisy, so the report is the median over rounds of each method's
+ratio to the PPO run of the same round, for wall time (the bar: <= 1.05 refgrpo-seed, <= 1.10
+gear-seed and exgrpo-seed) and for process CPU time, plus the share of each update spent inside
+the method (``time/method`` / ``time/iteration``), which machine load affects least.
+
+    python benchmarks/overhead.py --total-timesteps 40960 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from reflectrl.control.algos import get_algo
+from reflectrl.runlog import read_metrics
+
+METHODS = ("refgrpo-seed", "gear-seed", "exgrpo-seed")
+BARS = {"refgrpo-seed": 1.05, "gear-seed": 1.10, "exgrpo-seed": 1.10}
+
+
+def run(algo: str, total: int, seed: int, env_id: str) -> dict:
+    """Train one run; return its wall and CPU seconds and the time spent in the method."""
+    a = get_algo(algo)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = a.config_cls(env_id=env_id, seed=seed, total_timesteps=total, num_envs=8, num_steps=128,
+                           update_epochs=4, num_minibatches=4, run_dir=d, progress=False, tensorboard=False,
+                           save_interval=0)
+        trainer = a.build(cfg)
+        c0 = time.process_time()
+        summary = trainer.learn()
+        cpu = time.process_time() - c0
+        recs = read_metrics(Path(d) / "metrics.jsonl")
+    method_s = sum(r.get("time/method", 0.0) for r in recs)
+    iter_s = sum(r["time/iteration"] for r in recs)
+    return {"wall_s": summary["wall_s"], "cpu_s": cpu, "method_share": method_s / iter_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--total-timesteps", type=int, default=40_960)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--env-id", default="LunarLander-v3")
+    args = ap.parse_args()
+    algos = ("ppo", *METHODS)
+    rows = []
+    for r in range(args.rounds):
+        order = algos[r % len(algos):] + algos[:r % len(algos)]
+        res = {a: run(a, args.total_timesteps, r + 1, args.env_id) for a in order}
+        rows.append(res)
+        print(f"round {r + 1}: " + ", ".join(f"{a} {res[a]['wall_s']:.1f}s" for a in algos), file=sys.stderr)
+    out: dict = {"env_id": args.env_id, "total_timesteps": args.total_timesteps, "rounds": args.rounds,
+                 "settings": "8 envs x 128 steps, 4 epochs, 4 minibatches, 64x64 tanh, 1 torch thread, method defaults",
+                 "ppo_wall_s_median": statistics.median(row["ppo"]["wall_s"] for row in rows)}
+    for m in METHODS:
+        wall = [row[m]["wall_s"] / row["ppo"]["wall_s"] for row in rows]
+        cpu = [row[m]["cpu_s"] / row["ppo"]["cpu_s"] for row in rows]
+        out[m] = {"wall_ratio": round(statistics.median(wall), 3), "wall_ratios": [round(x, 3) for x in wall],
+                  "cpu_ratio": round(statistics.median(cpu), 3),
+                  "method_share_of_update": round(statistics.median(row[m]["method_share"] for row in rows), 4),
+                  "bar": BARS[m], "within_bar": statistics.median(wall) <= BARS[m]}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

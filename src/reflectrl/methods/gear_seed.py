@@ -1,0 +1,231 @@
+"""gear-seed: advantage reweighting from a self-distilled value (METHODS.md §3, seed 001).
+
+Groups of G trajectories start from one reset seed; the top-K of each group by coarse reward
+(the episode return) are the winners. A distilled value head V_d on states is regressed onto the
+winners' returns; a target copy of it (the previous iteration's head) gives
+``omega = clip(exp((V_d - V_orig) / tau), omega_min, omega_max)`` per step, and ``omega * A``
+feeds the policy loss.
+
+Episodes of the control front end cross rollout boundaries. An episode contributes only once it
+has ended; it then waits until every episode of its group (same group of envs, same episode
+number) has ended, and only whole groups pick winners. Omega needs no complete episode: every
+step of every batch is reweighted.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from ..checkpoint import pack_optimizer, pack_state_dict, unpack_optimizer, unpack_state_dict
+from .base import Episode, EpisodeAssembler, Shaping, StepBatch, returns_to_go
+from .nets import ScalarMLP, adam_for, fit_regression
+
+
+def winners_per_group(top_frac: float, group_size: int) -> int:
+    """K = round(top_frac * G), at least 1 (25% of 4 -> 1)."""
+    return max(1, min(group_size, int(round(top_frac * group_size))))
+
+
+def select_winners(scores: Tensor, k: int) -> Tensor:
+    """Indices of the ``k`` highest scores (ties: the lower index wins)."""
+    return torch.sort(scores, descending=True, stable=True).indices[:k]
+
+
+def omega_weights(v_d: Tensor, v_orig: Tensor, tau: float, lo: float, hi: float,
+                  normalize: bool = False) -> tuple[Tensor, float]:
+    """``omega = clip(exp((V_d - V_orig) / tau), lo, hi)``, then (optionally) divided by its mean;
+    returns ``(omega, fraction of steps the clip changed)``."""
+    raw = torch.exp((v_d - v_orig) / tau)
+    omega = raw.clamp(lo, hi)
+    clip_frac = float(((raw < lo) | (raw > hi)).float().mean()) if raw.numel() else 0.0
+    if normalize and omega.numel():
+        omega = omega / omega.mean()
+    return omega, clip_frac
+
+
+@dataclass
+class GearSeedOptions:
+    """Options of gear-seed (each is a ``reflectrl train --algo gear-seed`` flag)."""
+
+    gear_top_frac: float = 0.25
+    """Share K of each group's trajectories that are winners (at least one)."""
+    gear_tau: float = 1.0
+    """Temperature tau of omega = exp((V_d - V_orig) / tau)."""
+    gear_tau_relative: bool = True
+    """Multiply tau by the batch's std of the value targets (returns), so tau is scale-free."""
+    gear_omega_min: float = 0.5
+    """Lower clip of omega."""
+    gear_omega_max: float = 2.0
+    """Upper clip of omega."""
+    gear_omega_normalize: bool = False
+    """Divide omega by its batch mean after clipping."""
+    gear_distill_target: Literal["return_to_go", "terminal"] = "return_to_go"
+    """V_d target: discounted reward-to-go of the winner (bootstrapped at truncation), or gamma^(T-t) * R (terminal-only reward)."""
+    gear_distill_hidden: tuple[int, ...] = (64, 64)
+    """Hidden widths of V_d (empty: a linear head)."""
+    gear_distill_epochs: int = 3
+    """Passes of V_d's regression per update."""
+    gear_distill_minibatches: int = 1
+    """Minibatches per pass."""
+    gear_distill_batch: int = 1024
+    """Winner steps sampled from the winner store for each update's regression."""
+    gear_distill_lr: float = 1e-3
+    """Adam learning rate of V_d."""
+    gear_winner_buffer: int = 8192
+    """Winner steps kept (FIFO) for V_d's regression."""
+    gear_target_sync: int = 1
+    """Copy V_d into its target every this many updates (1: omega uses the previous update's head)."""
+    gear_max_pending_groups: int = 64
+    """Groups waiting for members to finish, at most (the oldest are dropped)."""
+
+    def validate_gear(self) -> list[tuple[bool, str]]:
+        return [
+            (0 < self.gear_top_frac <= 1, "--gear-top-frac must be in (0, 1]"),
+            (self.gear_tau > 0, "--gear-tau must be positive"),
+            (0 < self.gear_omega_min <= 1 <= self.gear_omega_max, "need 0 < --gear-omega-min <= 1 <= --gear-omega-max"),
+            (self.gear_distill_epochs >= 1 and self.gear_distill_minibatches >= 1, "--gear-distill-epochs/-minibatches must be at least 1"),
+            (self.gear_distill_batch >= 1 and self.gear_winner_buffer >= 1, "--gear-distill-batch/--gear-winner-buffer must be at least 1"),
+            (self.gear_distill_lr > 0, "--gear-distill-lr must be positive"),
+            (self.gear_target_sync >= 1, "--gear-target-sync must be at least 1"),
+            (self.gear_max_pending_groups >= 1, "--gear-max-pending-groups must be at least 1"),
+        ]
+
+
+class WinnerStore:
+    """A FIFO ring of winner steps: states ``[cap, F]`` and their value targets ``[cap]``."""
+
+    def __init__(self, capacity: int, dim: int):
+        self.x, self.y = torch.zeros(capacity, dim), torch.zeros(capacity)
+        self.ptr = self.size = 0
+
+    def add(self, x: Tensor, y: Tensor) -> None:
+        cap = self.x.shape[0]
+        x, y = x[-cap:], y[-cap:]
+        idx = (self.ptr + torch.arange(x.shape[0])) % cap
+        self.x[idx], self.y[idx] = x, y
+        self.ptr = (self.ptr + x.shape[0]) % cap
+        self.size = min(cap, self.size + x.shape[0])
+
+
+class GearSeed:
+    """Winners, the distilled value head and omega on generic state features."""
+
+    fit_first = False  # omega comes from the target copy; V_d learns the new winners afterwards
+
+    def __init__(self, state_dim: int, rows: int, group_size: int, gamma: float, opts: GearSeedOptions, seed: int):
+        self.o, self.G, self.gamma = opts, int(group_size), float(gamma)
+        self.k = winners_per_group(opts.gear_top_frac, self.G)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.vd = ScalarMLP(state_dim, tuple(opts.gear_distill_hidden), generator=self.gen)
+        self.vd.eval()
+        self.target = copy.deepcopy(self.vd)
+        self.opt = adam_for(self.vd, opts.gear_distill_lr)
+        self.assembler = EpisodeAssembler(rows, ("states", "rewards", "boot"))
+        self.pending: dict[tuple[int, int], dict[int, Episode]] = {}
+        self.store = WinnerStore(opts.gear_winner_buffer, state_dim)
+        self.target_ready, self.fits = False, 0
+        self._metrics: dict[str, float] = {}
+
+    def shape(self, batch: StepBatch) -> Shaping:
+        """omega from the target copy of V_d (none until V_d has been fitted once)."""
+        if not self.target_ready:
+            self._metrics = {"gear/omega_mean": 1.0, "gear/omega_std": 0.0, "gear/omega_min": 1.0,
+                             "gear/omega_max": 1.0, "gear/omega_clip_frac": 0.0}
+            return Shaping()
+        states = batch.states.reshape(-1, batch.states.shape[-1])
+        with torch.no_grad():
+            v_d = self.target(states)[:, 0].reshape(batch.values.shape)
+        tau = self.o.gear_tau
+        if self.o.gear_tau_relative:
+            std = float(batch.returns.std()) if batch.returns.numel() > 1 else 0.0
+            tau *= std if std > 1e-8 else 1.0
+        omega, clip_frac = omega_weights(v_d, batch.values, tau, self.o.gear_omega_min, self.o.gear_omega_max,
+                                         self.o.gear_omega_normalize)
+        if batch.mask is not None:
+            omega = torch.where(batch.mask.bool(), omega, torch.ones_like(omega))
+        self._metrics = {"gear/omega_mean": float(omega.mean()), "gear/omega_std": float(omega.std()),
+                         "gear/omega_min": float(omega.min()), "gear/omega_max": float(omega.max()),
+                         "gear/omega_clip_frac": clip_frac, "gear/tau": tau}
+        return Shaping(weights=omega)
+
+    def fit(self, batch: StepBatch) -> None:
+        """Collect finished episodes, pick the winners of finished groups, regress V_d, sync the target."""
+        boot = torch.where(batch.episode_end & ~batch.terminated, batch.next_values, torch.zeros_like(batch.next_values))
+        done = self.assembler.add(batch.episode_end, states=batch.states, rewards=batch.rewards, boot=boot)
+        groups, winners = self._collect(done)
+        loss = float("nan")
+        if self.store.size:
+            n = min(self.store.size, self.o.gear_distill_batch)
+            idx = torch.randperm(self.store.size, generator=self.gen)[:n]
+            _, loss = fit_regression(self.vd, self.opt, self.store.x[idx], self.store.y[idx],
+                                     self.o.gear_distill_epochs, self.o.gear_distill_minibatches, self.gen)
+            self.fits += 1
+            if self.fits % self.o.gear_target_sync == 0:
+                self.target.load_state_dict(self.vd.state_dict())
+                self.target_ready = True
+        self._metrics.update({"gear/vd_loss": loss, "gear/groups_completed": groups, "gear/winners": winners,
+                              "gear/winner_steps": self.store.size, "gear/pending_groups": len(self.pending)})
+
+    def _collect(self, episodes: list[Episode]) -> tuple[int, int]:
+        """File episodes under their group; return (groups completed, winners added)."""
+        completed = winners = 0
+        for ep in episodes:
+            key = (ep.row // self.G, ep.index)
+            self.pending.setdefault(key, {})[ep.row] = ep
+            if len(self.pending[key]) == self.G:
+                members = [m for _, m in sorted(self.pending.pop(key).items())]
+                scores = torch.stack([m.data["rewards"].sum() for m in members])
+                for i in select_winners(scores, self.k).tolist():
+                    self.store.add(members[i].data["states"], self.value_targets(members[i]))
+                    winners += 1
+                completed += 1
+        while len(self.pending) > self.o.gear_max_pending_groups:
+            self.pending.pop(next(iter(self.pending)))
+        return completed, winners
+
+    def value_targets(self, ep: Episode) -> Tensor:
+        """G_t of one winner: reward-to-go (bootstrapped if truncated) or gamma^(T-t) * R."""
+        r = ep.data["rewards"]
+        if self.o.gear_distill_target == "terminal":
+            n = r.shape[0]
+            return (self.gamma ** torch.arange(n - 1, -1, -1, dtype=torch.float64) * float(r.sum())).to(r.dtype)
+        return returns_to_go(r, self.gamma, float(ep.data["boot"][-1]))
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        tensors = {**pack_state_dict("vd", self.vd.state_dict()), **pack_state_dict("target", self.target.state_dict())}
+        opt_t, opt_meta = pack_optimizer("opt", self.opt)
+        tensors.update(opt_t)
+        tensors.update({"gen": self.gen.get_state(), "store/x": self.store.x, "store/y": self.store.y})
+        asm_t, asm_meta = self.assembler.state("partial")
+        tensors.update(asm_t)
+        eps = [(k, r, ep) for k, members in self.pending.items() for r, ep in members.items()]
+        for f in ("states", "rewards", "boot"):
+            if eps:
+                tensors[f"pending/{f}"] = torch.cat([ep.data[f] for _, _, ep in eps])
+        meta = {"opt": opt_meta, "assembler": asm_meta, "ptr": self.store.ptr, "size": self.store.size,
+                "target_ready": self.target_ready, "fits": self.fits,
+                "pending": [[k[0], k[1], r, len(ep)] for k, r, ep in eps]}
+        return tensors, meta
+
+    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        self.vd.load_state_dict(unpack_state_dict("vd", tensors))
+        self.target.load_state_dict(unpack_state_dict("target", tensors))
+        self.opt.load_state_dict(unpack_optimizer("opt", tensors, meta["opt"]))
+        self.gen.set_state(tensors["gen"])
+        self.store.x, self.store.y = tensors["store/x"].clone(), tensors["store/y"].clone()
+        self.store.ptr, self.store.size = int(meta["ptr"]), int(meta["size"])
+        self.target_ready, self.fits = bool(meta["target_ready"]), int(meta["fits"])
+        self.assembler.load_state("partial", tensors, meta["assembler"])
+        self.pending, start = {}, 0
+        for g, e, r, n in meta["pending"]:
+            data = {f: tensors[f"pending/{f}"][start:start + n].clone() for f in ("states", "rewards", "boot")}
+            self.pending.setdefault((int(g), int(e)), {})[int(r)] = Episode(int(r), int(e), data)
+            start += n

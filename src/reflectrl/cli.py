@@ -122,29 +122,21 @@ def _delegate(module: str, func: str = "main"):
 
 
 def cmd_demo(argv: list[str]) -> int:
-    """``reflectrl demo``: a short PPO run on LunarLander-v3, then a deterministic evaluation."""
+    """``reflectrl demo``: a quick comparison of ppo, refgrpo-seed and gear-seed on LunarLander-v3."""
     ap = argparse.ArgumentParser(prog="reflectrl demo", description=cmd_demo.__doc__)
-    ap.add_argument("--total-timesteps", type=int, default=200_000)
-    ap.add_argument("--out", default="runs/demo")
+    ap.add_argument("--total-timesteps", type=int, default=300_000, help="steps per run (default 300000)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
+    ap.add_argument("--workers", type=int, default=2, help="runs at a time (default 2)")
+    ap.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     args = ap.parse_args(argv)
-    from .control import PPO, PPOConfig
-    from .control.evaluate import evaluate
+    from .eval.compare import main as compare_main
 
-    run_dir = Path(args.out) / "LunarLander-v3__ppo__1"
-    if (run_dir / "checkpoint.safetensors").exists():
-        import shutil
-
-        shutil.rmtree(run_dir)
-    cfg = PPOConfig(env_id="LunarLander-v3", num_envs=8, num_steps=128, total_timesteps=args.total_timesteps,
-                    run_dir=str(run_dir))
-    summary = PPO(cfg).learn()
-    import numpy as np
-
-    rets = evaluate(run_dir, 20)
-    print(f"trained {summary['global_step']} steps at {summary['sps']:.0f} steps/s; deterministic return over "
-          f"20 episodes: {np.mean(rets):.1f} +/- {np.std(rets):.1f}")
-    print(f"run directory: {run_dir} (metrics.jsonl, TensorBoard events in tb/, checkpoint.safetensors)")
-    return 0
+    rc = compare_main([
+        "--methods", "ppo", "refgrpo-seed", "gear-seed", "--env-ids", "LunarLander-v3",
+        "--seeds", str(args.seeds), "--total-timesteps", str(args.total_timesteps), "--out", args.out,
+        "--workers", str(args.workers), "--extra", "--num-envs", "8", "--num-steps", "128",
+    ])
+    return rc
 
 
 COMMANDS = {
@@ -164,7 +156,7 @@ commands:
   plot      redraw curves from run directories
   llm       LLM agents: init-tiny, warmup, train (GRPO family), eval
   tasks     verifiable tasks: validate reference solutions
-  demo      a short PPO run on LunarLander-v3 and its evaluation
+  demo      a quick comparison of ppo, refgrpo-seed and gear-seed on LunarLander-v3
 """
 
 

@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--total-timesteps", type=int, default=40_960)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--env-id", default="LunarLander-v3")
+    ap.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
     args = ap.parse_args()
     algos = ("ppo", *METHODS)
     rows = []
@@ -69,6 +70,9 @@ def main() -> None:
                   "method_share_of_update": round(statistics.median(row[m]["method_share"] for row in rows), 4),
                   "bar": BARS[m], "within_bar": statistics.median(wall) <= BARS[m]}
     print(json.dumps(out))
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

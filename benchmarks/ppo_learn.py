@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from reflectrl.eval.stats import bootstrap_ci, iqm
+from reflectrl.runlog import read_metrics
 
 
 def train_and_eval(env_id: str, seed: int, total: int | None, out: Path, episodes: int) -> dict:
@@ -55,10 +56,12 @@ def main() -> None:
         recs = list(pool.map(lambda s: train_and_eval(args.env_id, s, args.total_timesteps, args.out, args.episodes),
                              range(1, args.seeds + 1)))
     finals = [r["mean"] for r in recs]
+    loop_s = [sum(m.get("time/iteration", 0.0) for m in read_metrics(args.out / args.env_id / f"seed_{r['seed']}" / "metrics.jsonl"))
+              for r in recs]
     lo, hi = bootstrap_ci(finals)
     summary = {"env_id": args.env_id, "seeds": args.seeds, "total_timesteps": args.total_timesteps or "preset",
                "iqm": iqm(finals), "ci95": [lo, hi], "per_seed": finals,
-               "train_wall_s_mean": sum(r["train_wall_s"] for r in recs) / len(recs)}
+               "train_loop_s_mean": sum(loop_s) / len(loop_s), "train_loop_s": loop_s}
     print(json.dumps(summary))
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,126 @@
+"""Does GRPO learn at CPU scale? init-tiny -> warm-up -> GRPO, held-out accuracy before and after.
+
+    python benchmarks/llm_learn.py --task arith --out runs/bench/llm_learn/arith [--seed 1]
+
+The whole recipe, as the four CLI commands it runs (each printed before it runs):
+
+1. ``reflectrl llm init-tiny OUT/tiny``                 a random-init tiny Llama + character tokenizer
+2. ``reflectrl llm warmup ... --out OUT/warmup``         supervised on demonstrations until a weak-but-nonzero
+                                                        accuracy (``--warmup-target``) on train problems
+3. ``reflectrl llm train --algo grpo ... --run-dir OUT/grpo --cpu-time-limit-s RL_SECONDS`` (or
+   ``--time-limit-s`` with ``--clock wall``)
+4. ``reflectrl llm eval`` of OUT/warmup (before) and OUT/grpo (after) on the held-out split (greedy)
+
+The last line of output is one JSON object: before, after, gain_points, train_seconds (wall time of
+the RL phase) and train_cpu_seconds (its CPU time), warmup_seconds, intervals and the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# per task: completion budget, warm-up settings, and GRPO settings of the recipe
+PRESETS = {
+    "arith": {
+        "tiny": ["--layers", "2", "--width", "64", "--heads", "4"],
+        "max_new_tokens": 6,
+        "warmup": ["--steps", "5000", "--batch-size", "64", "--learning-rate", "3e-3", "--eval-every", "100",
+                   "--eval-problems", "256"],
+        "warmup_target": 0.2,
+        "train": ["--prompts-per-update", "32", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "4",
+                  "--temperature", "1.0", "--gen-batch", "128"],
+    },
+    "codegen": {
+        "tiny": ["--layers", "2", "--width", "64", "--heads", "4"],
+        "max_new_tokens": 40,
+        "warmup": ["--steps", "5000", "--batch-size", "32", "--learning-rate", "3e-3", "--eval-every", "25",
+                   "--eval-problems", "128"],
+        "warmup_target": 0.2,
+        "train": ["--prompts-per-update", "16", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "4",
+                  "--temperature", "1.0", "--gen-batch", "32", "--reward-workers", "4"],
+    },
+}
+
+
+def run(args: list[str], log: Path) -> str:
+    """Run ``reflectrl ARGS``; echo the command, keep stderr in ``log``, return stdout."""
+    cmd = [sys.executable, "-m", "reflectrl.cli", *args]
+    print("$ reflectrl " + " ".join(args), flush=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with open(log, "a") as err:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"command failed ({proc.returncode}): reflectrl {' '.join(args)}; see {log}")
+    return proc.stdout
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--task", default="arith", choices=sorted(PRESETS))
+    ap.add_argument("--out", required=True, help="output directory (tiny/, warmup/, grpo/ are written here)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rl-seconds", type=float, default=600.0, help="time budget of the GRPO phase")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="budget in CPU seconds of the training process (default; independent of other load on a "
+                         "shared machine, and at --threads 1 at most the wall time of an idle one) or wall seconds")
+    ap.add_argument("--warmup-target", type=float, default=None, help="stop warm-up at this train accuracy")
+    ap.add_argument("--eval-limit", type=int, default=None, help="held-out problems to evaluate (default all)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each phase")
+    ap.add_argument("--keep", action="store_true", help="reuse OUT/tiny and OUT/warmup if present")
+    a = ap.parse_args()
+    p = PRESETS[a.task]
+    out = Path(a.out)
+    if out.exists() and not a.keep:
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "stderr.log"
+    n_tok = str(p["max_new_tokens"])
+    limit = ["--limit", str(a.eval_limit)] if a.eval_limit else []
+    target = a.warmup_target if a.warmup_target is not None else p["warmup_target"]
+    if not (out / "warmup" / "config.json").exists():
+        run(["llm", "init-tiny", str(out / "tiny"), *p["tiny"], "--seed", str(a.seed)], log)
+        t0 = time.perf_counter()
+        warm = last_json(run(["llm", "warmup", "--model", str(out / "tiny"), "--task", a.task, "--out",
+                              str(out / "warmup"), *p["warmup"], "--stop-at-accuracy", str(target), "--max-new-tokens",
+                              n_tok, "--seed", str(a.seed), "--threads", str(a.threads), "--no-progress"], log))
+        warm["wall_s"] = time.perf_counter() - t0
+        (out / "warmup_summary.json").write_text(json.dumps(warm))
+    warm = json.loads((out / "warmup_summary.json").read_text())
+    before = last_json(run(["llm", "eval", str(out / "warmup"), "--task", a.task, "--json", "--max-new-tokens", n_tok,
+                            *limit], log))
+    budget_flag = "--cpu-time-limit-s" if a.clock == "cpu" else "--time-limit-s"
+    if (out / "grpo").exists():
+        shutil.rmtree(out / "grpo")
+    train = last_json(run(["llm", "train", "--algo", "grpo", "--task", a.task, "--model", str(out / "warmup"),
+                           "--run-dir", str(out / "grpo"), *p["train"], "--max-new-tokens", n_tok,
+                           "--updates", "100000", budget_flag, str(a.rl_seconds), "--save-interval", "0",
+                           "--seed", str(a.seed), "--threads", str(a.threads), "--no-progress"], log))
+    after = last_json(run(["llm", "eval", str(out / "grpo"), "--task", a.task, "--json", *limit], log))
+    result = {
+        "benchmark": "llm_learn", "task": a.task, "seed": a.seed,
+        "before": round(before["accuracy"], 4), "after": round(after["accuracy"], 4),
+        "gain_points": round(100 * (after["accuracy"] - before["accuracy"]), 2),
+        "train_seconds": round(train["wall_s"], 1), "train_cpu_seconds": round(train["cpu_s"], 1), "clock": a.clock,
+        "budget_seconds": a.rl_seconds, "warmup_seconds": round(warm["wall_s"], 1),
+        "warmup_steps": warm["steps"], "updates": train["updates"], "n_heldout": after["n"],
+        "before_ci": [round(x, 4) for x in before["ci"]], "after_ci": [round(x, 4) for x in after["ci"]],
+        "tiny": " ".join(p["tiny"]), "train_args": " ".join(p["train"]), "max_new_tokens": p["max_new_tokens"],
+        "warmup_target": target, "threads": a.threads,
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

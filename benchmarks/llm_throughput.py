@@ -1,0 +1,214 @@
+"""GRPO step throughput: reflectrl vs TRL's GRPOTrainer on the same tiny model, task and shapes.
+
+    python benchmarks/llm_throughput.py [--steps 8] [--rounds 3] [--out runs/bench/llm_throughput]
+
+Both trainers run full GRPO steps (sample G completions per prompt, score them, then
+``--minibatches`` optimizer steps on slices of the batch with the group-normalized clipped loss, no
+KL) from the same tiny model on ``arith`` prompts, with the same group size, rows per step,
+completion limit, temperature, learning rate, loss aggregation (per-sequence mean) and torch thread
+count. The default model is a fresh init-tiny model after a short supervised warm-up on arith (what
+RL starts from in ``llm_learn.py``; its completions are a few tokens); ``--sft-steps 0
+--max-new-tokens 32 --minibatches 1 --rows 128`` times the random-init model instead. Each round runs each
+trainer in a fresh process (reflectrl, then TRL), warms up ``--warmup`` steps and times ``--steps``
+steps; throughput is completion tokens generated per second of whole steps, timed by the process's
+CPU clock (``time.process_time``, all threads) so that other load on a shared machine does not
+skew the comparison (wall-clock figures are reported too). TRL is a
+benchmark-only dependency (``pip install trl``). ``--engines`` also times the two generation
+engines of reflectrl alone. The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def worker_reflectrl(a) -> dict:
+    import torch
+
+    from reflectrl.llm.grpo import GRPO, config_for_algo
+
+    cfg = config_for_algo("grpo", task="arith", model=a.model, run_dir=str(Path(a.tmp) / "reflectrl"),
+                          updates=a.warmup + a.steps, prompts_per_update=a.rows // a.group_size,
+                          group_size=a.group_size, max_new_tokens=a.max_new_tokens, learning_rate=a.lr,
+                          minibatches=a.minibatches,
+                          temperature=1.0, loss_agg_mode="seq-mean-token-mean", clip_low=0.2, kl_coef=0.0,
+                          threads=a.threads, progress=False, tensorboard=False, save_interval=0,
+                          sample_interval=0, export_model=False, seed=a.seed)
+    trainer = GRPO(cfg)
+    tokens, seconds, cpu = 0, 0.0, 0.0
+    for i in range(a.warmup + a.steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        rec, batch = trainer.iteration()
+        if i >= a.warmup:
+            seconds += time.perf_counter() - t0
+            cpu += time.process_time() - c0
+            tokens += int(batch.completion_mask.sum())
+    trainer.rollout.close()
+    return {"tokens": tokens, "seconds": seconds, "cpu_seconds": cpu, "threads": torch.get_num_threads()}
+
+
+def worker_trl(a) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from reflectrl.tasks.base import get_task
+
+    torch.set_num_threads(a.threads)
+    task = get_task("arith")
+    problems = {p.id: p for p in task.problems("train")}
+    data = Dataset.from_list([{"prompt": p.prompt, "pid": pid} for pid, p in problems.items()])
+    counted = {"tokens": 0}
+
+    def reward(completions, pid, completion_ids=None, **kw):
+        counted["tokens"] += sum(len(c) for c in completion_ids)
+        return [task.score(problems[i], c) for i, c in zip(pid, completions)]
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.t0, self.c0, self.seconds, self.cpu, self.tokens, self.step = 0.0, 0.0, 0.0, 0.0, 0, 0
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0, self.c0, self.before = time.perf_counter(), time.process_time(), counted["tokens"]
+
+        def on_step_end(self, args, state, control, **kw):
+            self.step += 1
+            if self.step > a.warmup * a.minibatches:
+                self.seconds += time.perf_counter() - self.t0
+                self.cpu += time.process_time() - self.c0
+                self.tokens += counted["tokens"] - self.before
+
+    timer = Timer()
+    # one generation of `rows` completions, then `minibatches` optimizer steps on slices of it (TRL then
+    # computes old log-probs in an extra pass, as reflectrl does for minibatches > 1)
+    args = GRPOConfig(
+        output_dir=str(Path(a.tmp) / "trl"), per_device_train_batch_size=a.rows // a.minibatches,
+        steps_per_generation=a.minibatches, num_generations=a.group_size,
+        max_completion_length=a.max_new_tokens, max_steps=(a.warmup + a.steps) * a.minibatches,
+        learning_rate=a.lr,
+        lr_scheduler_type="constant", warmup_steps=0, beta=0.0, num_iterations=1, epsilon=0.2,
+        temperature=1.0, top_p=1.0, top_k=0, loss_type="grpo", scale_rewards="group", max_grad_norm=1.0,
+        use_cpu=True, bf16=False, fp16=False, report_to="none", save_strategy="no", logging_steps=1000,
+        log_completions=False, disable_dropout=True, dataloader_num_workers=0, seed=a.seed,
+        adam_beta2=0.99, weight_decay=0.0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(a.model)
+    tok = AutoTokenizer.from_pretrained(a.model)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
+                          callbacks=[timer])
+    trainer.train()
+    return {"tokens": timer.tokens, "seconds": timer.seconds, "cpu_seconds": timer.cpu,
+            "threads": torch.get_num_threads()}
+
+
+def worker_engines(a) -> dict:
+    import torch
+
+    from reflectrl.llm.policy import load_policy
+    from reflectrl.llm.rollout import make_engine
+    from reflectrl.tasks.base import get_task
+
+    torch.set_num_threads(a.threads)
+    pol = load_policy(a.model)
+    prompts = [pol.tokenizer(p.prompt)["input_ids"] for p in get_task("arith").problems("train")[:a.rows]]
+    out = {}
+    for name in ("torch", "hf", "torch", "hf"):
+        eng = make_engine(name, pol)
+        g = torch.Generator().manual_seed(0)
+        c0 = time.process_time()
+        ids = eng.generate(prompts, a.max_new_tokens, g)
+        out.setdefault(name, []).append(sum(map(len, ids)) / (time.process_time() - c0))
+    return {f"{k}_tokens_per_s": max(v) for k, v in out.items()}
+
+
+def spawn(kind: str, a, tmp: str) -> dict:
+    argv = [sys.executable, __file__, "--worker", kind, "--model", a.model, "--tmp", tmp]
+    for k in ("rows", "group_size", "max_new_tokens", "steps", "warmup", "threads", "seed", "minibatches"):
+        argv += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
+    argv += ["--lr", str(a.lr)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false",
+           "ACCELERATE_USE_CPU": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", choices=["reflectrl", "trl", "engines"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--tmp", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--model", default=None, help="model directory (default: a fresh `init-tiny` model, "
+                    "fine-tuned for --sft-steps on arith demonstrations)")
+    ap.add_argument("--sft-steps", type=int, default=300,
+                    help="supervised steps on the fresh tiny model, so completions look like RL's (0: random init)")
+    ap.add_argument("--rows", type=int, default=256, help="completions per step (prompts x group size)")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--minibatches", type=int, default=4, help="optimizer steps per generated batch")
+    ap.add_argument("--max-new-tokens", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=8, help="timed steps (generated batches) per round")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--engines", action="store_true", help="also time reflectrl's two generation engines")
+    ap.add_argument("--out", default=None, help="write the result JSON here too")
+    a = ap.parse_args()
+    if a.worker:
+        fn = {"reflectrl": worker_reflectrl, "trl": worker_trl, "engines": worker_engines}[a.worker]
+        print(json.dumps(fn(a)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        model_desc = a.model
+        if a.model is None:
+            from reflectrl.llm.tiny import init_tiny
+            from reflectrl.llm.warmup import WarmupConfig, warmup
+
+            a.model = str(init_tiny(Path(tmp) / "tiny", seed=0))
+            model_desc = "init-tiny (llama, 2 layers, width 64)"
+            if a.sft_steps:
+                warmup(WarmupConfig(model=a.model, task="arith", out=str(Path(tmp) / "sft"), steps=a.sft_steps,
+                                    batch_size=64, learning_rate=3e-3, progress=False))
+                a.model = str(Path(tmp) / "sft")
+                model_desc += f" + {a.sft_steps} supervised steps on arith"
+        runs: dict[str, list[float]] = {"reflectrl": [], "trl": []}
+        wall: dict[str, list[float]] = {"reflectrl": [], "trl": []}
+        for r in range(a.rounds):
+            for kind in ("reflectrl", "trl"):
+                res = spawn(kind, a, tmp)
+                runs[kind].append(res["tokens"] / res["cpu_seconds"])
+                wall[kind].append(res["tokens"] / res["seconds"])
+                print(f"round {r + 1} {kind}: {res['tokens']} tokens, {res['cpu_seconds']:.2f} CPU s "
+                      f"({runs[kind][-1]:.0f} tokens per CPU-second), {res['seconds']:.2f} s wall", flush=True)
+        engines = spawn("engines", a, tmp) if a.engines else {}
+    import transformers
+    import trl
+
+    ours, theirs = statistics.median(runs["reflectrl"]), statistics.median(runs["trl"])
+    result = {"benchmark": "llm_throughput", "reflectrl_tokens_per_s": round(ours, 1),
+              "trl_tokens_per_s": round(theirs, 1),
+              "ratio": round(ours / theirs, 3), "clock": "process CPU time (threads=%d)" % a.threads,
+              "rounds": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+              "wall_tokens_per_s": {k: round(statistics.median(v), 1) for k, v in wall.items()},
+              "model": model_desc, "task": "arith", "group_size": a.group_size, "rows_per_step": a.rows,
+              "minibatches": a.minibatches, "max_new_tokens": a.max_new_tokens,
+              "timed_steps": a.steps, "threads": a.threads, "lr": a.lr, "trl_version": trl.__version__,
+              "transformers_version": transformers.__version__, **engines}
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "result.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

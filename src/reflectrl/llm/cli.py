@@ -1,0 +1,164 @@
+"""``reflectrl llm``: init-tiny, warmup, train (GRPO family), eval.
+
+Every error a user can cause ends in one ``error: ...`` line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError, ReflectRLError
+
+USAGE = """usage: reflectrl llm COMMAND [ARGS]
+
+commands:
+  init-tiny  write a tiny random-init causal LM + character tokenizer (Hugging Face format)
+  warmup     supervised fine-tuning on a task's demonstrations
+  train      RL on a verifiable task: --algo {algos} (--resume RUN_DIR continues a run)
+  eval       held-out accuracy (Wilson interval) or pass@k of a model or run directory
+"""
+
+TRAIN_HEADER = """usage: reflectrl llm train [--algo {algos}] [--resume RUN_DIR] --task TASK --model PATH [FLAGS]
+
+Train a causal LM by RL on a verifiable task. --algo applies a variant's defaults (grpo: mean/std
+group advantages, seq-mean-token-mean; drgrpo: mean-centred, seq-mean-token-sum-norm; dapo:
+clip-higher 0.28, token-mean, zero-variance groups filtered); explicit flags override them.
+--resume RUN_DIR continues an interrupted or finished run (optionally with a larger --updates).
+"""
+
+
+def cmd_init_tiny(argv: list[str]) -> int:
+    from .tiny import ARCHS, init_tiny
+
+    ap = argparse.ArgumentParser(prog="reflectrl llm init-tiny", description="Write a tiny random-init causal LM "
+                                 "and a character-level tokenizer, loadable by AutoModelForCausalLM/AutoTokenizer.")
+    ap.add_argument("out_dir", help="directory to write (config.json, model.safetensors, tokenizer.json)")
+    ap.add_argument("--arch", choices=ARCHS, default="llama", help="architecture (default llama)")
+    ap.add_argument("--layers", type=int, default=2, help="transformer layers (default 2)")
+    ap.add_argument("--width", type=int, default=64, help="hidden size (default 64)")
+    ap.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    ap.add_argument("--max-positions", type=int, default=1024, help="longest sequence (default 1024)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random init (default 0)")
+    a = ap.parse_args(argv)
+    out = init_tiny(a.out_dir, a.arch, a.layers, a.width, a.heads, a.max_positions, a.seed)
+    print(json.dumps({"out": str(out), **json.loads((out / "reflectrl_tiny.json").read_text())}))
+    return 0
+
+
+def cmd_warmup(argv: list[str]) -> int:
+    import tyro
+
+    from .warmup import WarmupConfig, warmup
+
+    cfg = tyro.cli(WarmupConfig, args=argv, prog="reflectrl llm warmup")
+    print(json.dumps({k: v for k, v in warmup(cfg).items() if k != "config"}))
+    return 0
+
+
+def _train_front(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    ap = argparse.ArgumentParser(prog="reflectrl llm train", add_help=False)
+    ap.add_argument("--algo", default="grpo")
+    ap.add_argument("--resume", default=None)
+    return ap.parse_known_args(argv)
+
+
+def cmd_train(argv: list[str]) -> int:
+    import tyro
+
+    from .grpo import CHECKPOINT, GRPO, LLM_ALGOS, config_for_algo
+
+    front, rest = _train_front(argv)
+    algos = "|".join(sorted(LLM_ALGOS))
+    if "-h" in rest or "--help" in rest:
+        print(TRAIN_HEADER.format(algos=algos))
+    if front.resume is not None:
+        ap = argparse.ArgumentParser(prog="reflectrl llm train --resume RUN_DIR")
+        ap.add_argument("--updates", type=int, default=None, help="train to this many updates in total")
+        ap.add_argument("--time-limit-s", type=float, default=None, help="stop after this much wall time")
+        ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+        extra = ap.parse_args(rest)
+        overrides = {"progress": False} if extra.no_progress else {}
+        if extra.time_limit_s is not None:
+            overrides["time_limit_s"] = extra.time_limit_s
+        trainer = GRPO.resume(front.resume, extra.updates, **overrides)
+    else:
+        if front.algo not in LLM_ALGOS:
+            raise ConfigError(f"unknown --algo {front.algo!r}; available: {', '.join(sorted(LLM_ALGOS))}")
+        default = config_for_algo(front.algo)
+        cfg = tyro.cli(type(default), args=rest, default=default, prog=f"reflectrl llm train --algo {front.algo}")
+        if cfg.run_dir and (Path(cfg.run_dir) / CHECKPOINT).exists():
+            raise ConfigError(f"run directory {cfg.run_dir} already holds a run; continue it with "
+                              f"`reflectrl llm train --resume {cfg.run_dir}` or choose another --run-dir")
+        trainer = GRPO(cfg)
+    print(json.dumps(trainer.learn()))
+    return 0
+
+
+def cmd_eval(argv: list[str]) -> int:
+    from .evaluate import evaluate
+
+    ap = argparse.ArgumentParser(prog="reflectrl llm eval", description="Accuracy of a model directory or of an LLM "
+                                 "run directory's latest checkpoint: greedy with a Wilson interval, or pass@k.")
+    ap.add_argument("model_or_run_dir",
+                    help="Hugging Face model directory, or a run directory of `reflectrl llm train`")
+    ap.add_argument("--task", default=None, help="task name (default: the run's task)")
+    ap.add_argument("--split", default="heldout", help="problem split (default heldout)")
+    ap.add_argument("--samples", type=int, default=0, help="k of pass@k: sample instead of greedy decoding")
+    ap.add_argument("--n", type=int, default=None, help="samples per problem for pass@k (default k)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature with --samples")
+    ap.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per completion (default: the run's or 64)")
+    ap.add_argument("--max-turns", type=int, default=None,
+                    help="turns of a multi-turn task (default: the run's/task's)")
+    ap.add_argument("--confidence", type=float, default=0.95, help="confidence level of the interval")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the samples")
+    ap.add_argument("--device", default="cpu", help="torch device")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (accuracy, n, ci, ...)")
+    a = ap.parse_args(argv)
+    if a.samples < 0 or not 0 < a.confidence < 1 or (a.limit is not None and a.limit < 1):
+        raise ConfigError("--samples must be >= 0, --limit >= 1 and --confidence in (0, 1)")
+    if a.samples and a.temperature <= 0:
+        raise ConfigError("--samples needs --temperature > 0")
+    res = evaluate(a.model_or_run_dir, a.task, a.split, a.samples, n=a.n, temperature=a.temperature, limit=a.limit,
+                   max_new_tokens=a.max_new_tokens, max_turns=a.max_turns, confidence=a.confidence, seed=a.seed,
+                   device=a.device)
+    if a.json:
+        print(json.dumps(res))
+    else:
+        lo, hi = res["ci"]
+        extra = "".join(f", {k} {v:.3f}" for k, v in res.items() if k.startswith("pass@") and not k.endswith("_ci"))
+        print(f"{a.model_or_run_dir} on {res['task']}/{res['split']}: accuracy {res['accuracy']:.3f} "
+              f"[{lo:.3f}, {hi:.3f}] ({res['mode']}, n={res['n']}){extra}")
+    return 0
+
+
+COMMANDS = {"init-tiny": cmd_init_tiny, "warmup": cmd_warmup, "train": cmd_train, "eval": cmd_eval}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``reflectrl llm COMMAND ...``."""
+    from .grpo import LLM_ALGOS
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = USAGE.format(algos="|".join(sorted(LLM_ALGOS)))
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"error: unknown llm command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except ReflectRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; continue with `reflectrl llm train --resume RUN_DIR`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

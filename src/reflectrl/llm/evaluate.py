@@ -1,0 +1,139 @@
+"""Held-out evaluation of an LLM policy: greedy accuracy with a Wilson interval, or pass@k from samples.
+
+``pass@k`` uses the unbiased estimator of Chen et al. 2021 (HumanEval): with ``n >= k`` samples of
+which ``c`` are correct, ``pass@k = 1 - C(n - c, k) / C(n, k)``; its interval is a percentile
+bootstrap over problems.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, ReflectRLError
+from ..tasks.base import SPLITS, Task, get_task
+from .policy import Policy, load_policy
+from .rollout import Rollout, make_engine
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (well behaved at 0 and 1 and for small n)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + confidence / 2))
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``c`` correct (requires ``n >= k``)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples: int = 0, n: int | None = None,
+                    temperature: float = 1.0, max_new_tokens: int = 64, max_turns: int | None = None,
+                    max_response_tokens: int | None = None, limit: int | None = None, gen_batch: int = 128,
+                    seed: int = 0, confidence: float = 0.95, engine: str = "torch") -> dict[str, Any]:
+    """Accuracy of ``policy`` on ``task``'s ``split``: greedy when ``samples == 0``; otherwise ``n``
+    (default ``samples``) sampled completions per problem give pass@1 (as ``accuracy``) and pass@``samples``."""
+    if split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if samples < 0 or (n is not None and n < max(samples, 1)):
+        raise ConfigError("--samples must be >= 0 and --n at least --samples")
+    problems = list(task.problems(split))
+    if limit is not None:
+        problems = problems[:limit]
+    if not problems:
+        raise ConfigError(f"task {getattr(task, 'name', task)!r} has no {split} problems")
+    multi = bool(getattr(task, "multi_turn", False))
+    turns = max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
+    greedy = samples == 0
+    per = 1 if greedy else (n or samples)
+    ro = Rollout(policy, make_engine(engine, policy, temperature), task, max_new_tokens, turns,
+                 max_response_tokens or max_new_tokens * turns * (2 if multi else 1), gen_batch, reward_workers=4)
+    gen = torch.Generator().manual_seed(seed)
+    was_training = policy.training
+    policy.eval()
+    correct = np.zeros((len(problems), per), dtype=bool)
+    scores = np.zeros((len(problems), per))
+    try:
+        step = max(1, gen_batch // per) * 4
+        for s in range(0, len(problems), step):
+            chunk = problems[s:s + step]
+            batch, _ = ro.run(chunk, per, gen, greedy=greedy)
+            correct[s:s + len(chunk)] = batch.correct.numpy().reshape(len(chunk), per)
+            scores[s:s + len(chunk)] = batch.scores.numpy().reshape(len(chunk), per)
+    finally:
+        ro.close()
+        policy.train(was_training)
+    out: dict[str, Any] = {"task": getattr(task, "name", None), "split": split, "n": len(problems),
+                           "confidence": confidence, "mean_score": float(scores.mean())}
+    if greedy:
+        k = int(correct.sum())
+        out.update(mode="greedy", accuracy=k / len(problems), ci=list(wilson_interval(k, len(problems), confidence)))
+        return out
+    from ..eval.stats import bootstrap_ci
+
+    c = correct.sum(1)
+    p1 = c / per
+    pk = np.array([pass_at_k(per, int(ci), samples) for ci in c])
+    out.update(mode="sampled", samples_per_problem=per, temperature=temperature,
+               accuracy=float(p1.mean()), ci=list(bootstrap_ci(p1, np.mean, confidence)),
+               **{f"pass@{samples}": float(pk.mean()),
+                  f"pass@{samples}_ci": list(bootstrap_ci(pk, np.mean, confidence))})
+    return out
+
+
+def load_for_eval(path: str | Path, device: str = "cpu") -> tuple[Policy, dict[str, Any]]:
+    """A policy from a model directory, or from a GRPO run directory's latest checkpoint (its base
+    model plus the trained weights); returns it with the run's config (empty for a model directory)."""
+    from ..checkpoint import load_checkpoint
+    from .grpo import CHECKPOINT, is_llm_run_dir, load_llm_config
+
+    p = Path(path)
+    if is_llm_run_dir(p):
+        cfg = load_llm_config(p)
+        tensors, _ = load_checkpoint(p / CHECKPOINT)
+        policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, dtype=cfg.dtype, device=device)
+        state = {k[7:]: v for k, v in tensors.items() if k.startswith("policy/")}
+        for key in state:
+            if key.startswith("heads."):
+                name = key.split(".")[1]
+                if name not in policy.heads and key.endswith(".weight"):
+                    policy.add_head(name, state[key].shape[0])
+        policy.load_trainable_state(state)
+        import dataclasses
+
+        return policy, dataclasses.asdict(cfg)
+    if p.is_dir() and not (p / "model.safetensors").exists() and (p / "model" / "config.json").is_file():
+        p = p / "model"  # a run directory without a checkpoint but with its exported model
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise ReflectRLError(f"{p} is neither a model directory nor an LLM run directory (no config.json)")
+    return load_policy(str(p), device=device), {}
+
+
+def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "heldout", samples: int = 0,
+             **kwargs: Any) -> dict[str, Any]:
+    """Load and evaluate; the task and token limits default to the run's when given a run directory."""
+    policy, run_cfg = load_for_eval(model_or_run, kwargs.pop("device", "cpu"))
+    task_name = task or run_cfg.get("task")
+    if not task_name:
+        raise ConfigError("--task is required when evaluating a model directory")
+    for key in ("max_new_tokens", "max_turns", "max_response_tokens"):
+        if kwargs.get(key) is None and run_cfg.get(key) is not None:
+            kwargs[key] = run_cfg[key]
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    return evaluate_policy(policy, get_task(task_name), split, samples, **kwargs)

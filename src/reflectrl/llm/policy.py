@@ -1,0 +1,281 @@
+"""The LLM policy: any ``transformers`` causal LM + tokenizer, optional LoRA, heads, a frozen reference.
+
+:class:`Policy` turns a :class:`~reflectrl.llm.rollout.TokenBatch` into per-token quantities on the
+batch's response axis ``[rows, steps]``: log-probabilities of the tokens in the batch, entropies, and
+the last hidden state that *predicts* each token (the features methods' heads read). Heads are small
+modules on that hidden state (``add_head("value")``); they are saved and restored with the policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from ..core import entropy_from_logits
+from ..errors import ConfigError, ReflectRLError
+
+if TYPE_CHECKING:
+    from .rollout import TokenBatch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HEADS_FILE = "reflectrl_heads.safetensors"
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' progress bars and info logs (a CLI prints its own progress)."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+@dataclass
+class TokenOutputs:
+    """Per-token outputs on the response axis ``[rows, steps]`` (``hidden``: ``[rows, steps, H]``)."""
+
+    logp: Tensor
+    entropy: Tensor | None = None
+    hidden: Tensor | None = None
+
+
+class Policy(nn.Module):
+    """A causal LM (``model``, possibly a PEFT model), its tokenizer, heads and an optional reference."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, ref_model: nn.Module | None = None,
+                 use_adapter_as_ref: bool = False, source: str = ""):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.heads = nn.ModuleDict()
+        self._ref = [ref_model]  # a list keeps the frozen copy out of parameters() and state_dict()
+        self.use_adapter_as_ref = use_adapter_as_ref
+        self.source = source
+        self._cache_kw = _cache_kwarg(model)
+
+    # ----------------------------------------------------------------------------- properties
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def hidden_size(self) -> int:
+        cfg = self.config
+        return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        pid = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return int(pid if pid is not None else 0)
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """Token ids that end a completion (the tokenizer's and the generation config's eos)."""
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        for e in (eos if isinstance(eos, (list, tuple)) else [eos]):
+            if e is not None:
+                ids.add(int(e))
+        return sorted(ids)
+
+    @property
+    def has_ref(self) -> bool:
+        return self._ref[0] is not None or self.use_adapter_as_ref
+
+    # ----------------------------------------------------------------------------- heads
+    def add_head(self, name: str, out_dim: int = 1, init_std: float = 0.01,
+                 module: nn.Module | None = None) -> nn.Module:
+        """Attach a head on the last hidden state (default: a linear layer, weights ~N(0, init_std²), bias 0).
+
+        Add heads before the trainer builds its optimizer (a method's ``setup`` hook) so they train
+        with the policy; they are checkpointed with it either way."""
+        if name in self.heads:
+            return self.heads[name]
+        if module is None:
+            module = nn.Linear(self.hidden_size, out_dim)
+            nn.init.normal_(module.weight, std=init_std)
+            nn.init.zeros_(module.bias)
+        module = module.to(self.device)
+        self.heads[name] = module
+        return module
+
+    def head(self, name: str, hidden: Tensor) -> Tensor:
+        """Apply head ``name`` to features ``[..., H]``; a 1-wide head returns ``[...]``."""
+        out = self.heads[name](hidden.to(next(self.heads[name].parameters()).dtype))
+        return out.squeeze(-1) if out.shape[-1] == 1 else out
+
+    # ----------------------------------------------------------------------------- forward
+    def forward_batch(self, batch: "TokenBatch", with_entropy: bool = False, with_hidden: bool = False,
+                      temperature: float = 1.0, model: nn.Module | None = None,
+                      entropy_grad: bool = False) -> TokenOutputs:
+        """Log-prob (under ``logits / temperature``) of every response token of ``batch``, aligned to
+        ``batch.response_ids``; positions outside the response hold 0. Gradients flow unless called
+        under ``torch.no_grad`` (through the entropy only with ``entropy_grad``)."""
+        model = self.model if model is None else model
+        ids, attn, pos = (t.to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
+        P, C = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                    output_hidden_states=with_hidden, logits_to_keep=C + 1)
+        logits = out.logits[:, :-1].float()  # position P-1+t predicts response token t
+        if temperature != 1.0:
+            logits = logits / temperature
+        tgt = batch.response_ids.to(self.device)
+        logp = torch.log_softmax(logits, -1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        resp = batch.response_attention.to(self.device)
+        logp = logp * resp
+        ent = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent = entropy_from_logits(logits if entropy_grad else logits.detach()) * resp
+        hid = out.hidden_states[-1][:, P - 1:P + C - 1] if with_hidden else None
+        return TokenOutputs(logp, ent, hid)
+
+    @torch.no_grad()
+    def ref_logprobs(self, batch: "TokenBatch", temperature: float = 1.0) -> Tensor:
+        """Log-probs under the frozen reference (the base model with LoRA adapters disabled, or a copy)."""
+        if self._ref[0] is not None:
+            return self.forward_batch(batch, temperature=temperature, model=self._ref[0]).logp
+        if self.use_adapter_as_ref:
+            with self.model.disable_adapter():
+                return self.forward_batch(batch, temperature=temperature).logp
+        raise ConfigError("this policy was loaded without a reference model; load it with ref=True")
+
+    def step_logits(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Any,
+                    keep_last: bool = True) -> Tensor:
+        """One incremental forward with a KV cache (generation); returns the last position's logits."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1 if keep_last else 0, **{self._cache_kw: cache})
+        return out.logits[:, -1]
+
+    # ----------------------------------------------------------------------------- state
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Parameters the optimizer updates: the trainable LM weights (all, or LoRA's) and the heads."""
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        """Tensors that differ from the base checkpoint: trainable LM weights and every head."""
+        names = {n for n, p in self.named_parameters() if p.requires_grad}
+        state = {k: v for k, v in self.state_dict().items() if k in names or k.startswith("heads.")}
+        return state
+
+    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
+        """Restore :meth:`trainable_state` output (strict about missing keys)."""
+        own = self.state_dict()
+        missing = [k for k in self.trainable_state() if k not in state]
+        unknown = [k for k in state if k not in own]
+        if missing or unknown:
+            raise ReflectRLError(f"policy state does not match this model "
+                                 f"(missing {missing[:3]}, unknown {unknown[:3]})")
+        with torch.no_grad():
+            for k, v in state.items():
+                own[k].copy_(v)
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Write a standard Hugging Face model directory (LoRA merged into the weights) and the heads."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        model = self.model
+        if hasattr(model, "merge_and_unload"):
+            model = copy.deepcopy(model).merge_and_unload()
+        model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        if len(self.heads):
+            save_file({k: v.contiguous() for k, v in self.heads.state_dict().items()}, str(out / HEADS_FILE),
+                      metadata={"heads": ",".join(f"{n}:{self.heads[n].__class__.__name__}" for n in self.heads)})
+        return out
+
+
+def _cache_kwarg(model: nn.Module) -> str:
+    """``cache`` (transformers >= 5.x) or ``past_key_values`` (4.x), whichever the model's forward takes."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _resolve_source(path: str) -> str:
+    """A local directory, or a hub id when the path does not exist locally; else one clear error."""
+    p = Path(path).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ReflectRLError(f"{p} is not a Hugging Face model directory (no config.json); create one with "
+                                 "`reflectrl llm init-tiny DIR` or pass a model directory")
+        return str(p)
+    looks_like_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise ReflectRLError(f"model path {path} does not exist; create a tiny model with "
+                             f"`reflectrl llm init-tiny {path}` or pass an existing model directory")
+    return path
+
+
+def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dropout: float = 0.0,
+                lora_targets: tuple[str, ...] | None = None, ref: bool = False, dtype: str = "float32",
+                device: str = "cpu", trust_remote_code: bool = False) -> Policy:
+    """Load a causal LM + tokenizer from a local directory (or a hub id where a hub is reachable).
+
+    ``lora_r > 0`` wraps the model in a PEFT LoRA adapter (only the adapter trains); ``ref=True`` keeps
+    a frozen reference (the adapter-free base under LoRA, otherwise a copy of the initial weights).
+    Heads saved next to the model (``reflectrl_heads.safetensors``) are attached again."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quiet_transformers()
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if lora_r < 0:
+        raise ConfigError(f"lora_r must be >= 0 (0 trains every weight), got {lora_r}")
+    src = _resolve_source(str(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, EnvironmentError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ReflectRLError(f"cannot load a causal LM and tokenizer from {src}: {first}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model.to(device)
+    model.config.use_cache = False
+    ref_model = None
+    if lora_r > 0:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError:
+            raise ConfigError("LoRA needs peft: pip install 'reflectrl[llm]'") from None
+        targets = list(lora_targets) if lora_targets else "all-linear"
+        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                                                 target_modules=targets, task_type="CAUSAL_LM"))
+    elif ref:
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    policy = Policy(model, tok, ref_model, use_adapter_as_ref=ref and lora_r > 0, source=str(path))
+    heads_file = Path(src) / HEADS_FILE
+    if heads_file.is_file():
+        _load_heads(policy, heads_file)
+    return policy
+
+
+def _load_heads(policy: Policy, path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    with safe_open(str(path), framework="pt") as fh:
+        spec = (fh.metadata() or {}).get("heads", "")
+    for item in filter(None, spec.split(",")):
+        name, kind = item.split(":")
+        if kind == "Linear":
+            w = state[f"{name}.weight"]
+            policy.add_head(name, w.shape[0])
+    policy.heads.load_state_dict({k: v for k, v in state.items() if k.split(".")[0] in policy.heads}, strict=False)

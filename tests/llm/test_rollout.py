@@ -1,0 +1,87 @@
+"""Generation engines and the (multi-turn) rollout."""
+
+import torch
+
+from reflectrl.llm.rollout import HFGenerate, Rollout, TorchSampler, make_engine
+from reflectrl.tasks.base import get_task
+
+
+def prompts(policy, texts):
+    return [policy.tokenizer(t)["input_ids"] for t in texts]
+
+
+def test_kv_cache_sampler_matches_generate_and_full_forward(tiny_policy):
+    """Greedy decoding of the KV-cache loop equals ``model.generate``, with or without dropping finished
+    rows, and a sampled completion's log-probs from one full forward match the sampling distribution."""
+    ps = prompts(tiny_policy, ["1+2=", "33+4=", "7-15=", "9=", "33+4="])  # a repeated prompt shares its prefill
+    g = torch.Generator().manual_seed(0)
+    a = TorchSampler(tiny_policy).generate(ps, [6, 3, 6, 1, 6], g, greedy=True)
+    b = TorchSampler(tiny_policy, prune_frac=2.0).generate(ps, [6, 3, 6, 1, 6], g, greedy=True)
+    c = HFGenerate(tiny_policy).generate(ps, [6, 3, 6, 1, 6], g, greedy=True)
+    assert a == b == c
+    assert [len(x) for x in a][1] <= 3 and len(a[3]) == 1 and a[4][:len(a[1])] == a[1]
+    s1 = TorchSampler(tiny_policy).generate(ps, 5, torch.Generator().manual_seed(1))
+    s2 = TorchSampler(tiny_policy).generate(ps, 5, torch.Generator().manual_seed(1))
+    assert s1 == s2
+
+
+def test_multi_turn_feedback_is_context_not_loss(tiny_policy):
+    task = get_task("toy-guess")
+    ro = Rollout(tiny_policy, make_engine("torch", tiny_policy), task, max_new_tokens=3, max_turns=3,
+                 max_response_tokens=64, gen_batch=2)
+    batch, stats = ro.run(task.problems("train")[:2], 3, torch.Generator().manual_seed(0), index_offset=10)
+    ro.close()
+    assert batch.rows == 6 and batch.index.tolist() == [10, 10, 10, 11, 11, 11]
+    fb_ids = tiny_policy.tokenizer(" no;", add_special_tokens=False)["input_ids"]
+    for r in range(batch.rows):
+        turns = [k for k, _ in batch.transcripts[r]]
+        n_env = turns.count("env")
+        assert turns.count("policy") == n_env + 1 and n_env <= 2
+        assert int(batch.feedback_mask[r].sum()) == n_env * len(fb_ids)
+        fb = batch.response_ids[r][batch.feedback_mask[r]].tolist()
+        assert fb == fb_ids * n_env
+        assert not (batch.completion_mask[r] & batch.feedback_mask[r]).any()
+        # one reward per turn on its last policy token; the sum is the episode score
+        assert float(batch.token_rewards[r].sum()) == float(batch.scores[r])
+        assert set(batch.turn_ids[r][batch.completion_mask[r]].tolist()) == set(range(n_env + 1))
+    assert stats.generated_tokens == int(batch.completion_mask.sum())
+    out = tiny_policy.forward_batch(batch, with_entropy=True, with_hidden=True)
+    assert out.logp.shape == batch.response_ids.shape and out.hidden.shape[:2] == batch.response_ids.shape
+    assert (out.logp[~batch.response_attention] == 0).all()
+
+
+def test_stop_sequences_cut_completion(tiny_policy):
+    class Stops(type(get_task("toy-add"))):
+        stop_sequences = ("3", "+")
+
+    task = Stops()
+    ro = Rollout(tiny_policy, make_engine("torch", tiny_policy), task, max_new_tokens=12, gen_batch=8)
+    batch, _ = ro.run(task.problems("train")[:4], 4, torch.Generator().manual_seed(2))
+    ro.close()
+    stop_ids = set(ro.stop_ids)
+    assert len(stop_ids) == 2
+    for r in range(batch.rows):
+        ids = batch.response_ids[r][batch.completion_mask[r]].tolist()
+        assert not any(t in stop_ids for t in ids[:-1])  # nothing is generated past a stop
+        text = batch.transcripts[r][-1][1]
+        assert "3" not in text and "+" not in text
+
+
+def test_single_turn_scores_are_computed_once(tiny_policy):
+    """Duplicates within a rollout and completions seen in an earlier rollout reuse their score."""
+    calls = []
+
+    class Counting(type(get_task("toy-add"))):
+        def score(self, problem, completion):
+            calls.append((problem.id, completion))
+            return super().score(problem, completion)
+
+    task = Counting()
+    ro = Rollout(tiny_policy, make_engine("torch", tiny_policy), task, max_new_tokens=1, gen_batch=4)
+    probs = task.problems("train")[:2]
+    b1, s1 = ro.run(probs, 8, torch.Generator().manual_seed(0))
+    b2, s2 = ro.run(probs, 8, torch.Generator().manual_seed(1))
+    ro.close()
+    assert len(calls) == len(set(calls))  # never the same (problem, text) twice
+    distinct = {(p.id, t[-1][1]) for b in (b1, b2) for p, t in zip(b.problems, b.transcripts)}
+    assert len(calls) == len(distinct) and s1.cache_hits + s2.cache_hits == 32 - len(distinct)

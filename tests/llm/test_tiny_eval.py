@@ -1,0 +1,75 @@
+"""init-tiny round trip, warm-up, evaluation statistics and the eval command."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from reflectrl.llm.evaluate import evaluate, evaluate_policy, pass_at_k, wilson_interval
+from reflectrl.tasks.base import get_task
+
+
+def test_init_tiny_round_trip(tiny_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    text = "def f(x):\n\treturn x + 7  # ok"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and tok.decode(ids) == text
+    assert tok.eos_token_id == 2 and tok.pad_token_id == 0
+    assert model.config.num_hidden_layers == 1 and model.config.vocab_size == len(tok)
+    again = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    x = torch.tensor([ids])
+    assert torch.equal(model(x).logits, again(x).logits)
+
+
+def test_wilson_and_pass_at_k():
+    lo, hi = wilson_interval(8, 10)
+    assert (round(lo, 4), round(hi, 4)) == (0.4902, 0.9433)
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+    for n, c, k in [(5, 0, 1), (5, 2, 1), (5, 2, 3), (10, 3, 5), (4, 4, 2)]:
+        brute = 1 - math.comb(n - c, k) / math.comb(n, k)
+        assert pass_at_k(n, c, k) == pytest.approx(brute)
+
+
+def test_evaluate_greedy_and_sampled(tiny_policy):
+    task = get_task("toy-add")
+    g = evaluate_policy(tiny_policy, task, "heldout", max_new_tokens=3)
+    assert g["mode"] == "greedy" and g["n"] == 16 and 0 <= g["ci"][0] <= g["accuracy"] <= g["ci"][1] <= 1
+    s = evaluate_policy(tiny_policy, task, "heldout", samples=2, n=3, max_new_tokens=3, limit=5)
+    assert s["n"] == 5 and s["samples_per_problem"] == 3 and "pass@2" in s and s["pass@2"] >= s["accuracy"] - 1e-9
+
+
+def test_warmup_then_eval_cli(tiny_dir, tmp_path, capsys):
+    from reflectrl.cli import main
+
+    out = tmp_path / "warm"
+    assert main(["llm", "warmup", "--model", str(tiny_dir), "--task", "toy-add", "--out", str(out), "--steps", "5",
+                 "--batch-size", "8", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 5 and (out / "warmup.json").is_file()
+    assert main(["llm", "eval", str(out), "--task", "toy-add", "--json", "--max-new-tokens", "3"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"accuracy", "n", "ci"} <= set(res) and res["n"] == 16
+    assert main(["llm", "eval", str(out), "--task", "toy-add", "--samples", "2", "--max-new-tokens", "3"]) == 0
+    assert "pass@2" in capsys.readouterr().out
+
+
+def test_eval_of_run_dir_uses_its_checkpoint(tiny_dir, tmp_path, capsys):
+    from reflectrl.cli import main
+
+    run = tmp_path / "r"
+    assert main(["llm", "train", "--algo", "drgrpo", "--task", "toy-add", "--model", str(tiny_dir), "--run-dir",
+                 str(run), "--updates", "1", "--prompts-per-update", "2", "--group-size", "2", "--max-new-tokens", "2",
+                 "--no-progress", "--no-tensorboard"]) == 0
+    capsys.readouterr()
+    assert main(["llm", "eval", str(run), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["task"] == "toy-add" and res["n"] == 16
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["adv_estimator"] == "drgrpo" and cfg["loss_agg_mode"] == "seq-mean-token-sum-norm"
+    # more updates on the finished run
+    assert main(["llm", "train", "--resume", str(run), "--updates", "2", "--no-progress"]) == 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2

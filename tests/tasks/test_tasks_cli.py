@@ -24,7 +24,7 @@ def _one_error_line(err: str) -> str:
 def test_list(capsys):
     assert main(["list", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
-    assert set(rows) == {"arith", "codegen", "humaneval", "text2sql"}
+    assert {"arith", "codegen", "humaneval", "text2sql"} <= set(rows)  # other tests may register toy tasks
     assert rows["humaneval"]["train"] + rows["humaneval"]["heldout"] == 164
     assert rows["text2sql"]["multi_turn"] and not rows["arith"]["multi_turn"]
     assert top.main(["tasks", "list"]) == 0

@@ -72,8 +72,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rl-seconds", type=float, default=600.0, help="time budget of the GRPO phase")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
-                    help="budget in CPU seconds of the training process (default; independent of other load on a "
-                         "shared machine, and at --threads 1 at most the wall time of an idle one) or wall seconds")
+                    help="budget in CPU seconds of the training process and the processes it runs (sandboxed "
+                         "tests) (default; independent of other load on a shared machine) or wall seconds")
     ap.add_argument("--warmup-target", type=float, default=None, help="stop warm-up at this train accuracy")
     ap.add_argument("--eval-limit", type=int, default=None, help="held-out problems to evaluate (default all)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each phase")

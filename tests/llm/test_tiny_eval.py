@@ -73,3 +73,28 @@ def test_eval_of_run_dir_uses_its_checkpoint(tiny_dir, tmp_path, capsys):
     # more updates on the finished run
     assert main(["llm", "train", "--resume", str(run), "--updates", "2", "--no-progress"]) == 0
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_lora_policy_reference_heads_and_export(tiny_dir, tmp_path):
+    """LoRA trains only the adapter (and heads); the reference is the adapter-free base; the export
+    merges the adapter into a plain model directory that loads back with the heads."""
+    from reflectrl.llm.policy import load_policy
+    from reflectrl.llm.rollout import RowResult, Segment, build_batch
+
+    pol = load_policy(tiny_dir, lora_r=4, ref=True)
+    pol.add_head("value")
+    names = [n for n, p in pol.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n or n.startswith("heads.") for n in names)
+    batch = build_batch([RowResult([5, 6], [Segment([7, 8, 9], "policy", 0)], None, 0.0, False, False, [])],
+                        [0], [], 0)
+    out = pol.forward_batch(batch, with_hidden=True)
+    assert torch.allclose(out.logp, pol.ref_logprobs(batch))  # LoRA's B starts at zero
+    assert pol.head("value", out.hidden).shape == (1, 3)
+    (-out.logp.sum() + pol.head("value", out.hidden).pow(2).sum()).backward()
+    opt = torch.optim.SGD(pol.trainable_parameters(), lr=1.0)
+    opt.step()
+    with torch.no_grad():
+        moved = pol.forward_batch(batch).logp
+    assert not torch.allclose(moved, pol.ref_logprobs(batch))
+    back = load_policy(pol.save_pretrained(tmp_path / "export"))
+    assert "value" in back.heads and torch.allclose(back.forward_batch(batch).logp, moved, atol=1e-5)

@@ -78,11 +78,13 @@ def cmd_train(argv: list[str]) -> int:
         ap = argparse.ArgumentParser(prog="reflectrl llm train --resume RUN_DIR")
         ap.add_argument("--updates", type=int, default=None, help="train to this many updates in total")
         ap.add_argument("--time-limit-s", type=float, default=None, help="stop after this much wall time")
+        ap.add_argument("--cpu-time-limit-s", type=float, default=None, help="stop after this much CPU time")
         ap.add_argument("--no-progress", action="store_true", help="no progress bar")
         extra = ap.parse_args(rest)
         overrides = {"progress": False} if extra.no_progress else {}
-        if extra.time_limit_s is not None:
-            overrides["time_limit_s"] = extra.time_limit_s
+        for key in ("time_limit_s", "cpu_time_limit_s"):
+            if getattr(extra, key) is not None:
+                overrides[key] = getattr(extra, key)
         trainer = GRPO.resume(front.resume, extra.updates, **overrides)
     else:
         if front.algo not in LLM_ALGOS:

@@ -143,8 +143,8 @@ class GRPOConfig:
     time_limit_s: Optional[float] = None
     """Stop (with a checkpoint) once this much wall time has passed."""
     cpu_time_limit_s: Optional[float] = None
-    """Stop (with a checkpoint) once the process has used this much CPU time (all threads): a compute
-    budget that does not depend on what else the machine runs."""
+    """Stop (with a checkpoint) once this much CPU time has been used by the trainer (all threads) and the
+    processes it ran (sandboxed tests): a compute budget that does not depend on what else the machine runs."""
     threads: int = 1
     """torch CPU threads."""
     progress: bool = True
@@ -289,7 +289,7 @@ class GRPO:
         if not (want_old or want_ref or want_hidden or want_ent):
             return
         self.policy.eval()
-        step = max(1, math.ceil(batch.rows / (cfg.minibatches * cfg.grad_accum)))
+        step = max(1, math.ceil(batch.rows / cfg.grad_accum))  # no graph is kept: larger chunks than the update
         old, ref, hid, ent = [], [], [], []
         C = batch.steps
         for s in range(0, batch.rows, step):
@@ -501,7 +501,7 @@ class GRPO:
             cfg_path.write_text(json.dumps({"kind": "llm", **dataclasses.asdict(cfg)}, indent=2))
         logger = RunLogger(self.run_dir, dataclasses.asdict(cfg), cfg.tensorboard, cfg.track,
                            cfg.wandb_project_name, self.run_dir.name)
-        start_rows, t_start, cpu_start = self.global_step, time.perf_counter(), time.process_time()
+        start_rows, t_start, cpu_start = self.global_step, time.perf_counter(), cpu_seconds()
         rec: dict[str, Any] = {}
         try:
             with TrainProgress(cfg.updates, cfg.progress, f"{cfg.algo} {cfg.task}") as bar:
@@ -510,7 +510,7 @@ class GRPO:
                     elapsed = time.perf_counter() - t_start
                     rec["charts/samples_per_s"] = (self.global_step - start_rows) / max(elapsed, 1e-9)
                     out_of_time = (cfg.time_limit_s is not None and elapsed >= cfg.time_limit_s) or (
-                        cfg.cpu_time_limit_s is not None and time.process_time() - cpu_start >= cfg.cpu_time_limit_s)
+                        cfg.cpu_time_limit_s is not None and cpu_seconds() - cpu_start >= cfg.cpu_time_limit_s)
                     last = self.update_idx == cfg.updates or out_of_time
                     if cfg.eval_interval and (self.update_idx % cfg.eval_interval == 0 or last):
                         rec.update(self.evaluate())
@@ -529,7 +529,7 @@ class GRPO:
             self.policy.save_pretrained(self.run_dir / "model")
         elapsed = time.perf_counter() - t_start
         return {"run_dir": str(self.run_dir), "updates": self.update_idx, "global_step": self.global_step,
-                "wall_s": elapsed, "cpu_s": time.process_time() - cpu_start,
+                "wall_s": elapsed, "cpu_s": cpu_seconds() - cpu_start,
                 "samples_per_s": (self.global_step - start_rows) / max(elapsed, 1e-9),
                 "accuracy": rec.get("accuracy"), "eval_accuracy": rec.get("eval/accuracy")}
 
@@ -646,6 +646,14 @@ class MethodHook:
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         if hasattr(self.method, "load_state"):
             self.method.load_state(tensors, meta)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (all threads) plus that of the child processes it has waited for."""
+    import resource
+
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
 def _zero_std_rows(batch: TokenBatch) -> torch.Tensor:

@@ -233,3 +233,27 @@ def test_docs_methods_lists_every_option():
             if (algo == "dqn" or f.name not in base) and f"`{flag}`" not in doc:
                 missing.append(flag)
     assert not missing, f"docs/methods.md lacks {sorted(set(missing))}"
+
+
+def test_bcal_map_of_a_lander_run(tmp_path):
+    """reflectrl plot --bcal-map: one refgrpo-seed run's bonus at every step of a fresh batch, at the
+    lander's raw (x, y); b_cal <= 0 everywhere; a run of another algo gets one clear error."""
+    from reflectrl.eval.bcal_map import bcal_samples
+
+    run = tmp_path / "ref"
+    assert cli_main(["train", "--algo", "refgrpo-seed", "--env-id", "LunarLander-v3", *PPO_ARGS, "--run-dir", str(run),
+                     "--no-progress", "--cal-target", "normalized"]) == 0
+    metrics_before = (run / "metrics.jsonl").read_text()
+    s = bcal_samples(run, rollouts=2)
+    assert s["pos"].shape == (2 * 4 * 32, 2) and s["b_cal"].shape == (2 * 4 * 32,)
+    assert np.all(s["b_cal"] <= 0) and np.any(s["b_cal"] < 0)
+    np.testing.assert_allclose(s["b_cal"], -0.01 * (s["f"] - s["target"]) ** 2, rtol=1e-5, atol=1e-9)
+    assert np.all(np.abs(s["pos"][:, 0]) < 2.0) and np.all(s["pos"][:, 1] > -1.0)  # raw lander coordinates
+    assert abs(float(np.mean(s["target"]))) < 1e-4  # the normalized target has mean 0 within each batch
+    assert (run / "metrics.jsonl").read_text() == metrics_before
+    out = tmp_path / "map.png"
+    assert cli_main(["plot", str(run), "--out", str(out), "--bcal-map"]) == 0
+    assert out.stat().st_size > 10_000
+    ppo = tmp_path / "ppo"
+    assert cli_main(["train", "--env-id", "CartPole-v1", *PPO_ARGS, "--run-dir", str(ppo), "--no-progress"]) == 0
+    assert cli_main(["plot", str(ppo), "--out", str(tmp_path / "x.png"), "--bcal-map"]) == 2

@@ -58,3 +58,26 @@ def test_reflection_network_learns_return_ranks():
     out = rm.reflector.reflect(pooled)
     assert float(out.abs().max()) <= 1.0
     assert torch.corrcoef(torch.stack([out[:, 0], pooled[:, 0]]))[0, 1] > 0.8
+
+
+def test_hand_gradients_equal_autograd():
+    """The by-hand MSE step writes the gradients autograd computes, for deep and linear heads."""
+    from reflectrl.methods.nets import ScalarMLP, _HandMSE, hand_gradients_apply
+
+    g = torch.Generator().manual_seed(0)
+    for hidden in ((64, 64), (32,), ()):
+        net = ScalarMLP(7, hidden, 1, 0.5, generator=g)
+        assert hand_gradients_apply(net)
+        x, y = torch.randn(300, 7, generator=g), torch.randn(300, 1, generator=g)
+        loss = (net(x) - y).pow(2).mean()
+        net.zero_grad()
+        loss.backward()
+        expected = [p.grad.clone() for p in net.parameters()]
+        net.zero_grad(set_to_none=True)
+        hand = _HandMSE(net)(x, y)
+        torch.testing.assert_close(hand, loss.detach())
+        for p, e in zip(net.parameters(), expected):
+            torch.testing.assert_close(p.grad, e, rtol=1e-5, atol=1e-7)
+    assert not hand_gradients_apply(ScalarMLP(3, (8,), 2))
+    assert not hand_gradients_apply(ScalarMLP(3, (8,), 1, dropout=0.1))
+    assert not hand_gradients_apply(ScalarMLP(3, (8,), 1, squash="sym_sigmoid"))

@@ -164,6 +164,13 @@ PRESETS: dict[str, dict] = {
         normalize_obs=True, normalize_reward=True, hidden_sizes=(256, 256), activation="relu",
         ortho_init=False, log_std_init=-2.0,
     ),
+    # sparse reward: -1 per step until the car reaches the flag (200-step limit); the zoo's
+    # "normalize: true" is VecNormalize on observations and rewards; batch_size 64 of 16 x 16 steps
+    "MountainCar-v0": dict(
+        env_id="MountainCar-v0", total_timesteps=1_000_000, num_envs=16, num_steps=16, num_minibatches=4,
+        update_epochs=4, gamma=0.99, gae_lambda=0.98, ent_coef=0.0, learning_rate=3e-4, anneal_lr=False,
+        clip_vloss=False, normalize_obs=True, normalize_reward=True,
+    ),
 }
 
 

@@ -490,7 +490,21 @@ def plot_main(argv: list[str]) -> int:
     ap.add_argument("--out", required=True, metavar="FILE", help="image file to write (.png, .pdf, .svg)")
     ap.add_argument("--metric", action="append", default=None, metavar="NAME",
                     help=f"metric from metrics.jsonl; repeat for several rows (default {EPISODIC_RETURN})")
+    ap.add_argument("--bcal-map", action="store_true",
+                    help="instead: map refgrpo-seed's b_cal over two observation dims of one run (fresh rollouts of "
+                         "its final policy and predictor; LunarLander dims 0 1 = the lander's x, y)")
+    ap.add_argument("--dims", type=int, nargs=2, default=(0, 1), metavar=("I", "J"),
+                    help="observation dims of the --bcal-map axes (default 0 1)")
+    ap.add_argument("--rollouts", type=int, default=1, metavar="N", help="batches collected for --bcal-map (default 1)")
     args = ap.parse_args(argv)
+    if args.bcal_map:
+        from .bcal_map import plot_bcal_map
+
+        if len(args.paths) != 1:
+            raise ConfigError("--bcal-map takes one run directory")
+        path = plot_bcal_map(args.paths[0], args.out, args.rollouts, tuple(args.dims))
+        print(f"wrote {path}")
+        return 0
     path = plot_metric_over_time(args.paths, args.metric or [EPISODIC_RETURN], args.out)
     print(f"wrote {path}")
     return 0

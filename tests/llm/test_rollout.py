@@ -2,7 +2,7 @@
 
 import torch
 
-from reflectrl.llm.rollout import HFGenerate, Rollout, TorchSampler, make_engine
+from reflectrl.llm.rollout import HFGenerate, Rollout, TokenBatch, TorchSampler, make_engine
 from reflectrl.tasks.base import get_task
 
 
@@ -45,6 +45,15 @@ def test_multi_turn_feedback_is_context_not_loss(tiny_policy):
         assert float(batch.token_rewards[r].sum()) == float(batch.scores[r])
         assert set(batch.turn_ids[r][batch.completion_mask[r]].tolist()) == set(range(n_env + 1))
     assert stats.generated_tokens == int(batch.completion_mask.sum())
+    # the env's info of every turn stays with its row, through storage (JSON-able entries) and selection
+    for r in range(batch.rows):
+        n_turns = [k for k, _ in batch.transcripts[r]].count("policy")
+        assert [i["try"] for i in batch.infos[r]] == list(range(1, n_turns + 1))
+        assert batch.infos[r][-1]["correct"] == bool(batch.correct[r])
+    stored = TokenBatch.from_records(batch.to_records())
+    assert stored.infos == [[{k: v for k, v in i.items() if k != "opaque"} for i in row] for row in batch.infos]
+    assert batch.select([4, 1]).infos == [batch.infos[4], batch.infos[1]]
+    assert TokenBatch.cat([batch.select([0]), batch.select([5])]).infos == [batch.infos[0], batch.infos[5]]
     out = tiny_policy.forward_batch(batch, with_entropy=True, with_hidden=True)
     assert out.logp.shape == batch.response_ids.shape and out.hidden.shape[:2] == batch.response_ids.shape
     assert (out.logp[~batch.response_attention] == 0).all()

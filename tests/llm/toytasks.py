@@ -48,8 +48,8 @@ class GuessEnv:
         self.tries += 1
         ok = text.strip() == self.problem.answer
         if ok or self.tries >= self.max_tries:
-            return "", float(ok), True, {"correct": ok}
-        return " no;", 0.0, False, {"correct": False}
+            return "", float(ok), True, {"correct": ok, "try": self.tries, "opaque": object()}
+        return " no;", 0.0, False, {"correct": False, "try": self.tries, "opaque": object()}
 
 
 class GuessTask(AddTask):

@@ -55,6 +55,9 @@ class TokenBatch:
     truncated: Tensor
     problems: list[Problem] = field(default_factory=list)
     transcripts: list[list[tuple[str, str]]] = field(default_factory=list)
+    infos: list[list[dict[str, Any]]] = field(default_factory=list)
+    """Per row, the ``info`` dict the env returned at each of its turns (e.g. a reflection or
+    confidence tag a method reads); JSON-able values are kept in stored trajectories."""
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
     advantages: Tensor | None = None
@@ -116,7 +119,7 @@ class TokenBatch:
             v = getattr(self, f.name)
             if torch.is_tensor(v):
                 kw[f.name] = v[idx]
-            elif f.name in ("problems", "transcripts"):
+            elif f.name in ("problems", "transcripts", "infos"):
                 kw[f.name] = [v[i] for i in idx.tolist()] if v else []
             elif f.name == "extras":
                 kw[f.name] = {k: (x[idx] if torch.is_tensor(x) else [x[i] for i in idx.tolist()]) for k, x in v.items()}
@@ -165,8 +168,8 @@ class TokenBatch:
             if f.name in ("prompt_ids", "prompt_mask"):
                 fill = pad_id if f.name == "prompt_ids" else False
                 kw[f.name] = torch.cat([_pad_to(v, P, fill, left=True) for v in vals])
-            elif f.name in ("problems", "transcripts"):
-                kw[f.name] = [x for v in vals for x in v]
+            elif f.name in ("problems", "transcripts", "infos"):
+                kw[f.name] = [x for v in vals for x in v] if all(len(v) == b.rows for v, b in zip(vals, batches)) else []
             elif f.name == "extras":
                 keys = set.intersection(*(set(v) for v in vals))
                 kw[f.name] = {k: _cat_any([v[k] for v in vals]) for k in keys}
@@ -198,6 +201,7 @@ class TokenBatch:
                 "score": float(self.scores[r]), "correct": bool(self.correct[r]),
                 "truncated": bool(self.truncated[r]), "index": int(self.index[r]),
                 "transcript": self.transcripts[r] if self.transcripts else [],
+                "infos": [_jsonable(i) for i in self.infos[r]] if self.infos else [],
             })
         return recs
 
@@ -218,7 +222,8 @@ class TokenBatch:
             if cur:
                 segs.append(Segment(cur, cur_kind, cur_turn))
             rows.append(RowResult(rec["prompt_ids"], segs, rec["token_rewards"], rec["score"], rec["correct"],
-                                  rec["truncated"], [tuple(x) for x in rec.get("transcript", [])]))
+                                  rec["truncated"], [tuple(x) for x in rec.get("transcript", [])],
+                                  [dict(i) for i in rec.get("infos", [])]))
         batch = build_batch(rows, [r["index"] for r in records], list(problems or []), pad_id)
         return batch
 
@@ -244,6 +249,22 @@ class RowResult:
     correct: bool
     truncated: bool
     transcript: list[tuple[str, str]]
+    infos: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
+    """The entries of an env ``info`` that a JSON file can hold (numbers, strings, booleans, None, and
+    lists/dicts of them); the rest are dropped from stored trajectories."""
+    import json
+
+    out = {}
+    for k, v in info.items():
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError):
+            continue
+        out[str(k)] = v
+    return out
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -301,7 +322,7 @@ def build_batch(rows: Sequence[RowResult], index: Sequence[int], problems: list[
         scores=torch.tensor([r.score for r in rows], dtype=torch.float32),
         correct=torch.tensor([r.correct for r in rows], dtype=torch.bool),
         truncated=torch.tensor([r.truncated for r in rows], dtype=torch.bool),
-        problems=list(problems), transcripts=[r.transcript for r in rows])
+        problems=list(problems), transcripts=[r.transcript for r in rows], infos=[list(r.infos) for r in rows])
 
 
 # ====================================================================== generation engines
@@ -463,7 +484,7 @@ class RolloutStats:
 
 class _Row:
     __slots__ = ("problem", "env", "prompt_ids", "segments", "score", "correct", "truncated", "done", "transcript",
-                 "used")
+                 "infos", "used")
 
     def __init__(self, problem: Problem, env: Any):
         self.problem, self.env = problem, env
@@ -471,6 +492,7 @@ class _Row:
         self.segments: list[Segment] = []
         self.score, self.correct, self.truncated, self.done = 0.0, False, False, False
         self.transcript: list[tuple[str, str]] = []
+        self.infos: list[dict[str, Any]] = []
         self.used = 0
 
     def context(self) -> list[int]:
@@ -578,7 +600,7 @@ class Rollout:
                 break
             self._turn(active, turn, generator, greedy, stats)
         index = [index_offset + i // group_size for i in range(len(rows))]
-        results = [RowResult(r.prompt_ids, r.segments, None, r.score, r.correct, r.truncated, r.transcript)
+        results = [RowResult(r.prompt_ids, r.segments, None, r.score, r.correct, r.truncated, r.transcript, r.infos)
                    for r in rows]
         return build_batch(results, index, [r.problem for r in rows], self.policy.pad_id), stats
 
@@ -618,6 +640,7 @@ class Rollout:
             row.used += len(ids)
             row.score += float(reward)
             info = info if isinstance(info, dict) else {}
+            row.infos.append(dict(info))
             row.correct = bool(info["correct"]) if "correct" in info else row.score >= 1.0 - 1e-9
             hit_limit = len(ids) >= budget and not stopped
             if done or turn == self.max_turns - 1:

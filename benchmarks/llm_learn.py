@@ -12,7 +12,9 @@ The whole recipe, as the four CLI commands it runs (each printed before it runs)
 4. ``reflectrl llm eval`` of OUT/warmup (before) and OUT/grpo (after) on the held-out split (greedy)
 
 The last line of output is one JSON object: before, after, gain_points, train_seconds (wall time of
-the RL phase) and train_cpu_seconds (its CPU time), warmup_seconds, intervals and the settings.
+the RL phase) and train_cpu_seconds (its CPU time), warmup_seconds, intervals, the settings, and
+reward_wait_fraction (share of the GRPO steps' time spent waiting for rewards that generation did
+not hide).
 """
 
 from __future__ import annotations
@@ -65,6 +67,17 @@ def last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def reward_wait(metrics: Path) -> tuple[float, float]:
+    """Seconds the GRPO steps waited for rewards beyond the generation they overlap, and the steps'
+    total seconds (sums of ``time/reward_wait`` and ``time/iteration`` over the run's updates)."""
+    wait = total = 0.0
+    for line in metrics.read_text().splitlines():
+        rec = json.loads(line)
+        wait += rec.get("time/reward_wait", 0.0)
+        total += rec.get("time/iteration", 0.0)
+    return wait, total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--task", default="arith", choices=sorted(PRESETS))
@@ -107,6 +120,7 @@ def main() -> None:
                            "--updates", "100000", budget_flag, str(a.rl_seconds), "--save-interval", "0",
                            "--seed", str(a.seed), "--threads", str(a.threads), "--no-progress"], log))
     after = last_json(run(["llm", "eval", str(out / "grpo"), "--task", a.task, "--json", *limit], log))
+    wait, iters = reward_wait(out / "grpo" / "metrics.jsonl")
     result = {
         "benchmark": "llm_learn", "task": a.task, "seed": a.seed,
         "before": round(before["accuracy"], 4), "after": round(after["accuracy"], 4),
@@ -117,6 +131,7 @@ def main() -> None:
         "before_ci": [round(x, 4) for x in before["ci"]], "after_ci": [round(x, 4) for x in after["ci"]],
         "tiny": " ".join(p["tiny"]), "train_args": " ".join(p["train"]), "max_new_tokens": p["max_new_tokens"],
         "warmup_target": target, "threads": a.threads,
+        "reward_wait_fraction": round(wait / iters, 4) if iters > 0 else None,
     }
     (out / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

@@ -257,3 +257,14 @@ def test_bcal_map_of_a_lander_run(tmp_path):
     ppo = tmp_path / "ppo"
     assert cli_main(["train", "--env-id", "CartPole-v1", *PPO_ARGS, "--run-dir", str(ppo), "--no-progress"]) == 0
     assert cli_main(["plot", str(ppo), "--out", str(tmp_path / "x.png"), "--bcal-map"]) == 2
+
+
+def test_gear_ranking_option_runs_and_logs(tmp_path):
+    run = tmp_path / "g"
+    assert cli_main(["train", "--algo", "gear-seed", "--env-id", "CartPole-v1", *PPO_ARGS, "--run-dir", str(run),
+                     "--no-progress", "--gear-rank-coef", "0.1"]) == 0
+    recs = read_metrics(run / "metrics.jsonl")
+    assert any(r.get("gear/rank_pairs", 0) > 0 for r in recs)
+    assert any(np.isfinite(r.get("gear/rank_loss", np.nan)) for r in recs)
+    assert cli_main(["train", "--algo", "gear-seed", "--env-id", "CartPole-v1", *PPO_ARGS, "--run-dir",
+                     str(tmp_path / "bad"), "--no-progress", "--gear-rank-scale", "0"]) == 2

@@ -205,6 +205,42 @@ def test_gear_only_complete_groups_pick_winners():
     assert m.target_ready and m.shape(b2).weights.shape == (4, 2)
 
 
+def test_gear_ranking_loss_hand_case():
+    """Rows 0, 1 form a group (G = 2), rows 2, 3 another. Row 0 ends an episode at step 1, so its
+    segments are (row 0, ep 0) and (row 0, ep 1); row 1 has one segment (ep 0). Mean advantages rank
+    (row 1, ep 0) over (row 0, ep 0); (row 0, ep 1) has no partner yet; rows 2, 3: row 3 wins."""
+    from reflectrl.methods.gear_seed import pairwise_ranking_loss, segment_ids
+
+    end = torch.tensor([[False, True, False], [False, False, False], [False, False, False], [False, False, False]])
+    seg, rows, local = segment_ids(end)
+    assert seg.tolist() == [[0, 0, 1], [2, 2, 2], [3, 3, 3], [4, 4, 4]]
+    assert rows.tolist() == [0, 0, 1, 2, 3] and local.tolist() == [0, 1, 0, 0, 0]
+    adv = torch.tensor([[1.0, -1.0, 5.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [2.0, 0.0, 1.0]])
+    m = GearSeed(state_dim=3, rows=4, group_size=2, gamma=0.9, opts=GearSeedOptions(gear_rank_coef=0.5), seed=0)
+    b = _batch(rows=4, steps=3, episode_end=end, advantages=adv)
+    m.shape(b)
+    flat_seg, pairs = m._rank
+    expected = torch.zeros(5, 5, dtype=torch.bool)
+    expected[2, 0] = True  # (row 1, ep 0): mean 1 > (row 0, ep 0): mean 0
+    expected[4, 3] = True  # row 3: mean 1 > row 2: mean 0
+    assert torch.equal(pairs, expected) and m.metrics()["gear/rank_pairs"] == 2
+    # log-ratios on a minibatch of steps: segment means l_0 = 0.2, l_2 = -0.1 (l_3, l_4 absent)
+    idx = torch.tensor([0, 1, 3, 4])
+    lr = torch.tensor([0.1, 0.3, -0.2, 0.0], requires_grad=True)
+    loss, n = pairwise_ranking_loss(lr, flat_seg[idx], pairs, scale=2.0)
+    assert n == 1
+    close(loss, math.log1p(math.exp(-2.0 * (-0.1 - 0.2))))
+    loss.backward()
+    assert lr.grad[2] < 0 and lr.grad[0] > 0  # raising the winner's log-ratio (or lowering the loser's) lowers it
+    # through the hook: coef x loss, with the pair whose segments both appear
+    logp = torch.zeros(12)
+    old = torch.zeros(12)
+    out = m.minibatch_loss(torch.arange(12), logp, old)
+    close(out, 0.5 * math.log(2.0))
+    assert m.metrics()["gear/rank_loss"] == pytest.approx(math.log(2.0))
+    assert not hasattr(GearSeed(3, 4, 2, 0.9, GearSeedOptions(), 0), "minibatch_loss")  # off by default
+
+
 def test_gear_terminal_target_and_truncation_bootstrap():
     m = GearSeed(2, 2, 2, 0.5, GearSeedOptions(gear_distill_target="terminal"), seed=0)
     from reflectrl.methods.base import Episode

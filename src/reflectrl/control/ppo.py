@@ -171,6 +171,7 @@ class PPO:
             self.optimizer.param_groups[0]["lr"] = (1.0 - (self.update_idx - 1) / cfg.num_updates) * cfg.learning_rate
         acc = torch.zeros(6)
         n = 0
+        extra = [h.minibatch_loss for h in self.hooks if hasattr(h, "minibatch_loss")]
         for _ in range(cfg.update_epochs):
             perm = torch.randperm(B, generator=self.gen)
             for start in range(0, B, M):
@@ -183,6 +184,8 @@ class PPO:
                 vl = value_loss(v, old_v[idx], ret[idx], None, cfg.clip_coef if cfg.clip_vloss else None)
                 entropy = ent.mean()
                 loss = pg - cfg.ent_coef * entropy + cfg.vf_coef * vl
+                for term in extra:  # a method's own loss on this minibatch (hook.minibatch_loss)
+                    loss = loss + term(self, idx, logp, old_logp[idx])
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)

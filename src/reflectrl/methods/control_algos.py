@@ -118,6 +118,8 @@ class MethodHook:
     def __init__(self, method: Any, features: Features):
         self.method, self.features = method, features
         self.seconds = 0.0
+        if hasattr(method, "minibatch_loss"):  # an extra loss term on each PPO minibatch
+            self.minibatch_loss = lambda trainer, idx, logp, old_logp: method.minibatch_loss(idx, logp, old_logp)
 
     def after_advantages(self, trainer: PPO, b: Rollout) -> None:
         t0 = time.perf_counter()

@@ -36,6 +36,42 @@ def select_winners(scores: Tensor, k: int) -> Tensor:
     return torch.sort(scores, descending=True, stable=True).indices[:k]
 
 
+def segment_ids(episode_end: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Cut the rows of ``[R, T]`` at episode ends: per step its segment id (``[R, T]``, numbered row
+    by row), and per segment its row and its episode number within that row (0, 1, ...)."""
+    R, T = episode_end.shape
+    end = episode_end.to(torch.int64)
+    k = end.cumsum(1) - end  # episode ends strictly before each step
+    per_row = k[:, -1] + 1  # segments in each row
+    offset = torch.cumsum(per_row, 0) - per_row
+    seg = offset[:, None] + k
+    rows = torch.repeat_interleave(torch.arange(R), per_row)
+    local = torch.arange(int(per_row.sum())) - torch.repeat_interleave(offset, per_row)
+    return seg, rows, local
+
+
+def ranking_pairs(group: Tensor, score: Tensor) -> Tensor:
+    """``[S, S]`` boolean: ``P[i, j]`` when segments i and j are in one group and i scores higher."""
+    return (group[:, None] == group[None, :]) & (score[:, None] > score[None, :])
+
+
+def pairwise_ranking_loss(log_ratio: Tensor, seg: Tensor, pairs: Tensor, scale: float) -> tuple[Tensor, int]:
+    """``mean over pairs (i > j) of softplus(-scale * (l_i - l_j))`` with ``l`` a segment's mean
+    log-ratio ``log pi - log pi_old`` over the steps given (``log_ratio [M]``, ``seg [M]`` segment ids);
+    pairs with a segment absent from these steps are left out. Returns ``(loss, pairs used)``."""
+    S = pairs.shape[0]
+    sums = torch.zeros(S, dtype=log_ratio.dtype).index_add(0, seg, log_ratio)
+    cnt = torch.zeros(S, dtype=log_ratio.dtype).index_add(0, seg, torch.ones_like(log_ratio))
+    present = cnt > 0
+    use = pairs & present[:, None] & present[None, :]
+    n = int(use.sum())
+    if n == 0:
+        return log_ratio.sum() * 0.0, 0
+    mean = sums / cnt.clamp_min(1.0)
+    diff = mean[:, None] - mean[None, :]
+    return torch.nn.functional.softplus(-scale * diff[use]).mean(), n
+
+
 def omega_weights(v_d: Tensor, v_orig: Tensor, tau: float, lo: float, hi: float,
                   normalize: bool = False) -> tuple[Tensor, float]:
     """``omega = clip(exp((V_d - V_orig) / tau), lo, hi)``, then (optionally) divided by its mean;
@@ -82,6 +118,10 @@ class GearSeedOptions:
     """Copy V_d into its target every this many updates (1: omega uses the previous update's head)."""
     gear_max_pending_groups: int = 64
     """Groups waiting for members to finish, at most (the oldest are dropped)."""
+    gear_rank_coef: float = 0.0
+    """Weight of the seed's pairwise ranking loss (0: off, the token-level weighted loss alone): segments of one group ranked by mean omega * A, softplus(-scale * (l_i - l_j)) on their mean log-ratios, added to the PPO loss."""
+    gear_rank_scale: float = 1.0
+    """Scale of the log-ratio difference inside the ranking loss."""
 
     def validate_gear(self) -> list[tuple[bool, str]]:
         return [
@@ -93,6 +133,8 @@ class GearSeedOptions:
             (self.gear_distill_lr > 0, "--gear-distill-lr must be positive"),
             (self.gear_target_sync >= 1, "--gear-target-sync must be at least 1"),
             (self.gear_max_pending_groups >= 1, "--gear-max-pending-groups must be at least 1"),
+            (self.gear_rank_coef >= 0 and self.gear_rank_scale > 0,
+             "--gear-rank-coef must be non-negative and --gear-rank-scale positive"),
         ]
 
 
@@ -130,9 +172,43 @@ class GearSeed:
         self.store = WinnerStore(opts.gear_winner_buffer, state_dim)
         self.target_ready, self.fits = False, 0
         self._metrics: dict[str, float] = {}
+        self._rank: tuple[Tensor, Tensor] | None = None  # (segment id per flattened step, pairs) of this batch
+        self._rank_acc: list[float] = []
+        if opts.gear_rank_coef > 0:
+            self.minibatch_loss = self._minibatch_loss
 
     def shape(self, batch: StepBatch) -> Shaping:
         """omega from the target copy of V_d (none until V_d has been fitted once)."""
+        sh = self._shape(batch)
+        if self.o.gear_rank_coef > 0:
+            self._prepare_ranking(batch, sh.weights)
+        return sh
+
+    def _prepare_ranking(self, batch: StepBatch, omega: Tensor | None) -> None:
+        """Segments of this batch, their groups (row // G, episode number) and scores (mean omega * A)."""
+        seg, rows, local = segment_ids(batch.episode_end)
+        episode = torch.as_tensor(self.assembler.episode, dtype=torch.long)[rows] + local  # before fit() adds them
+        group = (rows // self.G) * (int(episode.max()) + 1) + episode
+        a_rew = batch.advantages if omega is None else omega * batch.advantages
+        m = torch.ones_like(a_rew) if batch.mask is None else batch.mask.to(a_rew.dtype)
+        S = rows.shape[0]
+        score = (torch.zeros(S, dtype=a_rew.dtype).index_add(0, seg.reshape(-1), (a_rew * m).reshape(-1))
+                 / torch.zeros(S, dtype=a_rew.dtype).index_add(0, seg.reshape(-1), m.reshape(-1)).clamp_min(1.0))
+        pairs = ranking_pairs(group, score)
+        self._rank = (seg.reshape(-1), pairs)
+        self._rank_acc = []
+        self._metrics["gear/rank_pairs"] = float(pairs.sum())
+
+    def _minibatch_loss(self, idx: Tensor, logp: Tensor, old_logp: Tensor) -> Tensor:
+        """``gear_rank_coef`` x the ranking loss on one PPO minibatch (flattened step indices ``idx``)."""
+        seg, pairs = self._rank
+        loss, n = pairwise_ranking_loss(logp - old_logp, seg[idx], pairs, self.o.gear_rank_scale)
+        if n:
+            self._rank_acc.append(float(loss.detach()))
+            self._metrics["gear/rank_loss"] = sum(self._rank_acc) / len(self._rank_acc)
+        return self.o.gear_rank_coef * loss
+
+    def _shape(self, batch: StepBatch) -> Shaping:
         if not self.target_ready:
             self._metrics = {"gear/omega_mean": 1.0, "gear/omega_std": 0.0, "gear/omega_min": 1.0,
                              "gear/omega_max": 1.0, "gear/omega_clip_frac": 0.0}

@@ -1,0 +1,113 @@
+"""Render the LLM sections of BENCHMARKS.md from the JSON results of llm_learn.py and llm_throughput.py.
+
+    python benchmarks/render_llm.py --collect runs/bench/llm_learn/*_s*   # copy each DIR/result.json
+    python benchmarks/render_llm.py                                        # print the markdown
+
+``--collect DIR...`` copies each run's ``DIR/result.json`` (the last JSON line of
+``benchmarks/llm_learn.py --out DIR``) to ``benchmarks/results/llm_learn_{task}_s{seed}.json``,
+adding the reward-wait share from ``DIR/grpo/metrics.jsonl`` to results that predate it.
+The tables: per seed, held-out accuracy before and after GRPO with 95% Wilson intervals (from
+``reflectrl llm eval``); per task, the mean gain over seeds with a Student's t 95% interval
+(scipy), the smallest gain, and how many seeds reach the +15-point bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llm_learn import reward_wait  # noqa: E402
+
+RES = Path(__file__).resolve().parent / "results"
+BAR = 15.0
+
+
+def collect(dirs: list[Path]) -> None:
+    for d in dirs:
+        src = d / "result.json"
+        if not src.is_file():
+            print(f"skip {d}: no result.json")
+            continue
+        r = json.loads(src.read_text())
+        dst = RES / f"llm_learn_{r['task']}_s{r['seed']}.json"
+        metrics = d / "grpo" / "metrics.jsonl"
+        if r.get("reward_wait_fraction") is None and metrics.is_file():
+            # results written before llm_learn.py reported it: take it from the GRPO run's metrics when
+            # that run is the one the result describes (same number of updates)
+            if sum(1 for _ in metrics.open()) == r["updates"]:
+                wait, total = reward_wait(metrics)
+                r["reward_wait_fraction"] = round(wait / total, 4) if total > 0 else None
+        dst.write_text(json.dumps(r, indent=2))
+        print(f"{src} -> {dst}")
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def learn_tables() -> str:
+    runs = sorted((json.loads(p.read_text()) for p in RES.glob("llm_learn_*_s*.json")),
+                  key=lambda r: (r["task"], r["seed"]))
+    if not runs:
+        return "(no llm_learn results)"
+    lines = ["| task | seed | held-out problems | before, % [95% CI] | after, % [95% CI] | gain, points | "
+             "RL budget | updates | RL wall time, s | reward wait share of a step |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        budget = f"{r['budget_seconds']:.0f} {'CPU-' if r['clock'] == 'cpu' else 'wall '}s"
+        wait = r.get("reward_wait_fraction")
+        lines.append(f"| {r['task']} | {r['seed']} | {r['n_heldout']} | {pct(r['before'])} "
+                     f"[{pct(r['before_ci'][0])}, {pct(r['before_ci'][1])}] | {pct(r['after'])} "
+                     f"[{pct(r['after_ci'][0])}, {pct(r['after_ci'][1])}] | {r['gain_points']:+.1f} | {budget} | "
+                     f"{r['updates']} | {r['train_seconds']:.0f} | {'n/a' if wait is None else f'{100 * wait:.1f}%'} |")
+    lines += ["", "| task | seeds | mean gain, points [95% t CI] | smallest gain | seeds >= +15 points |",
+              "|---|---|---|---|---|"]
+    for task in sorted({r["task"] for r in runs}):
+        g = np.array([r["gain_points"] for r in runs if r["task"] == task], float)
+        if len(g) > 1:
+            lo, hi = stats.t.interval(0.95, len(g) - 1, loc=g.mean(), scale=stats.sem(g))
+            ci = f"[{lo:+.1f}, {hi:+.1f}]"
+        else:
+            ci = "(one seed)"
+        lines.append(f"| {task} | {len(g)} | {g.mean():+.1f} {ci} | {g.min():+.1f} | {int((g >= BAR).sum())} of {len(g)} |")
+    return "\n".join(lines)
+
+
+def throughput_table() -> str:
+    path = RES / "llm_throughput.json"
+    if not path.exists():
+        return "(no llm_throughput result)"
+    r = json.loads(path.read_text())
+    rounds = lambda k: ", ".join(f"{x:.0f}" for x in r["rounds"][k])  # noqa: E731
+    return "\n".join([
+        "| | completion tokens/s (median) | rounds |", "|---|---|---|",
+        f"| reflectrl | {r['reflectrl_tokens_per_s']:.0f} | {rounds('reflectrl')} |",
+        f"| TRL {r['trl_version']} `GRPOTrainer` | {r['trl_tokens_per_s']:.0f} | {rounds('trl')} |",
+        "", f"Ratio: **{r['ratio']:.2f}x** ({r['clock']}; wall clock: "
+            f"{r['wall_tokens_per_s']['reflectrl'] / r['wall_tokens_per_s']['trl']:.2f}x). Setting: {r['model']}, "
+            f"task {r['task']}, {r['rows_per_step']} rows per step (groups of {r['group_size']}), "
+            f"{r['minibatches']} optimizer steps per rollout, at most {r['max_new_tokens']} new tokens, "
+            f"{r['timed_steps']} timed steps per round, transformers {r['transformers_version']}."])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--collect", nargs="*", type=Path, default=None, metavar="DIR")
+    a = ap.parse_args()
+    if a.collect is not None:
+        collect(a.collect)
+        return
+    print("### Learning on CPU\n")
+    print(learn_tables())
+    print("\n### Throughput against TRL\n")
+    print(throughput_table())
+
+
+if __name__ == "__main__":
+    main()

@@ -242,12 +242,12 @@ def test_bcal_map_of_a_lander_run(tmp_path):
 
     run = tmp_path / "ref"
     assert cli_main(["train", "--algo", "refgrpo-seed", "--env-id", "LunarLander-v3", *PPO_ARGS, "--run-dir", str(run),
-                     "--no-progress", "--cal-target", "normalized"]) == 0
+                     "--no-progress", "--cal-target", "normalized", "--cal-alpha", "0.05"]) == 0
     metrics_before = (run / "metrics.jsonl").read_text()
     s = bcal_samples(run, rollouts=2)
     assert s["pos"].shape == (2 * 4 * 32, 2) and s["b_cal"].shape == (2 * 4 * 32,)
     assert np.all(s["b_cal"] <= 0) and np.any(s["b_cal"] < 0)
-    np.testing.assert_allclose(s["b_cal"], -0.01 * (s["f"] - s["target"]) ** 2, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(s["b_cal"], -0.05 * (s["f"] - s["target"]) ** 2, rtol=1e-5, atol=1e-9)
     assert np.all(np.abs(s["pos"][:, 0]) < 2.0) and np.all(s["pos"][:, 1] > -1.0)  # raw lander coordinates
     assert abs(float(np.mean(s["target"]))) < 1e-4  # the normalized target has mean 0 within each batch
     assert (run / "metrics.jsonl").read_text() == metrics_before

@@ -280,7 +280,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         if action == "conflict":
             return failed_result(spec, why)
         if action == "skip":
-            res = make_result(spec, "skipped")
+            res = make_result(spec, "skipped", eval_mean=(read_json(d / EVAL_FILE) or {}).get("mean"))
         else:
             d.mkdir(parents=True, exist_ok=True)
             if action == "train":
@@ -455,8 +455,9 @@ def main(argv: list[str]) -> int:
         results.append(res)
         tag = f"[{len(results)}/{len(specs)}] {res['name']}"
         if res["status"] == "ok":
-            print(f"{tag}: {res['action']} in {res.get('wall_s', 0.0):.1f} s, "
-                  f"eval return {res.get('eval_mean', 0.0):.2f}", flush=True)
+            done = "finished earlier" if res["action"] == "skipped" else f"{res['action']} in {res.get('wall_s', 0.0):.1f} s"
+            ret = res.get("eval_mean")
+            print(f"{tag}: {done}, eval return {'?' if ret is None else f'{ret:.2f}'}", flush=True)
         else:
             print(f"run {res['name']} failed: {res['error']} (log: {res['log']})", file=sys.stderr, flush=True)
 

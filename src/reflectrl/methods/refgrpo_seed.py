@@ -48,10 +48,10 @@ def adaptive_beta(beta: float, cal_loss: float, loss_ref: float, lo: float, hi: 
 class RefGRPOSeedOptions:
     """Options of refgrpo-seed (each is a ``reflectrl train --algo refgrpo-seed`` flag)."""
 
-    cal_alpha: float = 0.01
-    """Bonus strength alpha in b_cal = -alpha * (f - target)^2 (the seed's smaller starting value)."""
-    cal_target: Literal["raw", "normalized"] = "raw"
-    """Bonus target: the raw advantage (the seed's recommendation) or the normalized one (the loss's target)."""
+    cal_alpha: float = 0.1
+    """Bonus strength alpha in b_cal = -alpha * (f - target)^2 (chosen by measurement, BENCHMARKS.md)."""
+    cal_target: Literal["raw", "normalized"] = "normalized"
+    """Bonus target: the normalized advantage (the loss's target; chosen by measurement) or the raw one (the seed's recommendation)."""
     cal_clip_k: float = 3.0
     """Clip the bonus to +-k * mean|r_t| of the batch."""
     cal_clip_floor: float = 0.0
@@ -76,7 +76,7 @@ class RefGRPOSeedOptions:
     """Passes over each batch that train the predictor."""
     reflection_minibatches: int = 1
     """Minibatches per pass (1: full-batch steps, the cheapest)."""
-    reflection_sample: float = 0.5
+    reflection_sample: float = 0.25
     """Share of each batch's steps the predictor trains on (a fresh random subset per update; 1: all). The rest give L_cal_unseen."""
     reflection_lr_mult: float = 3.0
     """Predictor Adam learning rate = this x the policy's initial learning rate."""

@@ -1,7 +1,7 @@
 """The seed documents' claims, tested on `reflectrl compare` output folders.
 
     python benchmarks/seed_claims.py --dense runs/cmp/lander --sparse runs/cmp/mountaincar \
-        --json-out benchmarks/results/seed_claims.json
+        --json-out benchmarks/results/seed_claims.json --md-out benchmarks/results/seed_claims.md
 
 Each folder is a ``reflectrl compare --out`` folder (or any folder of run directories with
 ``eval.json``); ``--dense`` folders hold dense-reward envs, ``--sparse`` sparse-reward ones. Per env
@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--sparse", nargs="*", default=[], help="compare folders of sparse-reward envs")
     ap.add_argument("--early-fraction", type=float, default=0.2)
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--md-out", type=Path, default=None, help="also write the printed tables here")
     a = ap.parse_args()
     kinds: dict[str, str] = {}
     groups: dict[str, dict[str, list]] = {}
@@ -126,7 +127,7 @@ def main() -> None:
             rows.append(f"| {env} ({kinds[env]}) | {m} | {len(f)} | {rec['final_iqm']:.1f} / {rec['ppo_final_iqm']:.1f} "
                         f"| {fmt(pf)} | {rec['final_verdict']} | {rec['early_auc_iqm']:.1f} / "
                         f"{rec['ppo_early_auc_iqm']:.1f} | {fmt(pa)} | {rec['early_verdict']} |")
-    print("\n".join(rows))
+    printed = ["\n".join(rows)]
     lrows = ["", "| env | method | held-out L_cal, last 20% / first 20% of updates, per seed | relative std over "
              "the last 20% | L_cal falls |", "|---|---|---|---|---|"]
     for env, e in out["envs"].items():
@@ -136,7 +137,7 @@ def main() -> None:
                 lrows.append(f"| {env} | {m} | {', '.join(f'{x:.2f}' for x in t['ratios'])} | "
                              f"{', '.join(f'{x:.2f}' for x in t['relative_std_last'])} | {t['verdict']} |")
     if len(lrows) > 3:
-        print("\n".join(lrows))
+        printed.append("\n".join(lrows))
     srows = ["", "| method | mean P(final > ppo), dense envs [95% CI] | sparse envs [95% CI] | larger gains on sparse |",
              "|---|---|---|---|"]
     for m in methods_seen:
@@ -154,7 +155,10 @@ def main() -> None:
             out["sparse_vs_dense"][m] = {"dense": d, "sparse": s, "verdict": v}
             srows.append(f"| {m} | {fmt(d)} | {fmt(s)} | {v} |")
     if len(srows) > 3:
-        print("\n".join(srows))
+        printed.append("\n".join(srows))
+    print("\n".join(printed))
+    if a.md_out:
+        a.md_out.write_text("\n".join(printed) + "\n")
     if a.json_out:
         a.json_out.parent.mkdir(parents=True, exist_ok=True)
         a.json_out.write_text(json.dumps(out, indent=2))

@@ -80,7 +80,8 @@ def plot_bcal_map(run_dir: str | Path, out: str | Path, rollouts: int = 1, dims:
     for ax in axes:
         ax.set_xlabel(xl)
         ax.set_ylabel(yl)
-    fig.suptitle(f"{Path(run_dir).name}: refgrpo-seed calibration bonus, mean {s['b_cal'].mean():.3g}")
+    name = "/".join(Path(run_dir).resolve().parts[-3:])
+    fig.suptitle(f"{name}: refgrpo-seed calibration bonus, mean {s['b_cal'].mean():.3g}")
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

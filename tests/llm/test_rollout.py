@@ -94,3 +94,51 @@ def test_single_turn_scores_are_computed_once(tiny_policy):
     assert len(calls) == len(set(calls))  # never the same (problem, text) twice
     distinct = {(p.id, t[-1][1]) for b in (b1, b2) for p, t in zip(b.problems, b.transcripts)}
     assert len(calls) == len(distinct) and s1.cache_hits + s2.cache_hits == 32 - len(distinct)
+
+
+def test_batch_scoring_one_call_per_chunk_same_rewards(tiny_policy):
+    """A task with score_batch is called once per generated chunk (new completions only) and gives the
+    same rewards, infos and cache behaviour as one env step per completion."""
+    calls = []
+
+    class Batched(type(get_task("toy-add"))):
+        def score_batch(self, problems, texts):
+            calls.append([(p.id, t) for p, t in zip(problems, texts)])
+            return [(self.score(p, t), {"outcome": self.score(p, t), "batched": True}) for p, t in zip(problems, texts)]
+
+    task = Batched()
+    probs = task.problems("train")[:4]
+    ro = Rollout(tiny_policy, make_engine("torch", tiny_policy), task, max_new_tokens=2, gen_batch=8)
+    b1, s1 = ro.run(probs, 4, torch.Generator().manual_seed(0))
+    b2, s2 = ro.run(probs, 4, torch.Generator().manual_seed(1))
+    ro.close()
+    assert 1 <= len(calls) <= 4  # 16 rows in chunks of 8, two rollouts; a chunk already scored makes no call
+    flat = [x for c in calls for x in c]
+    assert len(flat) == len(set(flat))
+    distinct = {(p.id, t[-1][1]) for b in (b1, b2) for p, t in zip(b.problems, b.transcripts)}
+    assert len(flat) == len(distinct) and s1.cache_hits + s2.cache_hits == 32 - len(distinct)
+    assert all(info[-1].get("batched") for info in b1.infos)
+    assert s1.as_metrics()["time/reward"] >= 0 and s1.as_metrics()["time/reward_wait"] >= 0
+
+    plain = Rollout(tiny_policy, make_engine("torch", tiny_policy), task, max_new_tokens=2, gen_batch=8,
+                    batch_scoring=False)
+    p1, _ = plain.run(probs, 4, torch.Generator().manual_seed(0))
+    plain.close()
+    assert torch.equal(p1.scores, b1.scores) and torch.equal(p1.response_ids, b1.response_ids)
+    assert len(calls) <= 4  # the per-step path does not call score_batch
+
+
+def test_batch_scoring_error_names_the_task(tiny_policy):
+    import pytest
+
+    from reflectrl.errors import ReflectRLError
+
+    class Broken(type(get_task("toy-add"))):
+        def score_batch(self, problems, texts):
+            raise RuntimeError("verifier down")
+
+    task = Broken()
+    ro = Rollout(tiny_policy, make_engine("torch", tiny_policy), task, max_new_tokens=1, gen_batch=4)
+    with pytest.raises(ReflectRLError, match=r"\(score_batch\) raised RuntimeError: verifier down"):
+        ro.run(task.problems("train")[:2], 2, torch.Generator().manual_seed(0))
+    ro.close()

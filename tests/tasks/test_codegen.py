@@ -90,6 +90,22 @@ def test_partial_credit_wrong_and_junk(task):
     assert task.score(p, None) == 0.0
 
 
+def test_batch_and_per_job_verdicts_agree(task):
+    p = Problem(id="t", prompt="def f(x):\n", meta={"entry_point": "f",
+                                                    "tests": "assert f(1) == 2\nassert f(2) == 4\nassert f(3) == 4\n"})
+    completions = ["    return x * 2\n", "    return -1\n", "garbage ((", "    while True:\n        pass\n",
+                   "    return x * 2\n<reflect>solved</reflect>", "\x00\ud800", "    return 2 * x\n"]
+    batched = CodegenTask(workers=2, sandbox_batch=4)
+    single = CodegenTask(workers=2, sandbox_batch=1)
+    key = [(v.status, v.passed, v.total) for v in batched.verdicts_many([p] * len(completions), completions)]
+    assert key == [(v.status, v.passed, v.total) for v in single.verdicts_many([p] * len(completions), completions)]
+    assert [k[0] for k in key] == ["failed", "failed", "error", "timeout", "failed", "error", "failed"]
+    scored = batched.score_batch([p] * 2, completions[4:5] + completions[1:2])
+    assert scored == [(2 / 3, {"outcome": 2 / 3, "reflection": 1}), (0.0, {"outcome": 0.0})]
+    with pytest.raises(ConfigError, match="sandbox_batch"):
+        CodegenTask(sandbox_batch=0)
+
+
 def test_infinite_loop_times_out(task):
     p = task.problems("train")[0]
     start = time.monotonic()

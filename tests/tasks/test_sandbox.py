@@ -397,3 +397,223 @@ def test_cli_capabilities(capsys):
     assert cli_main(["capabilities"]) == 0
     data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert data["backend"] in sb.BACKENDS and data["protections"]["separate_process"] is True
+
+
+# ---------------------------------------------------------------------------- batch mode
+
+
+@pytest.fixture
+def batch_backend(backend) -> str:
+    """Each backend that batches on this machine (the others run one sandbox per job, tested below)."""
+    if not sb.batch_supported(backend):
+        pytest.skip(f"backend {backend!r} runs one sandbox per job here (no PID namespace or runner failed)")
+    return backend
+
+
+def _key(v: Verdict) -> tuple:
+    return v.status, v.passed, v.total
+
+
+def _batch_only(jobs, backend, **kw):
+    """The batch's own verdicts (None where it would fall back), without the fallback."""
+    chosen = sb._select(backend)
+    args = {"timeout_s": 5.0, "memory_mb": 512, "max_bytes": 4096, "max_processes": 64}
+    args.update(kw)
+    return sb._execute_batch(chosen, jobs, args["timeout_s"], args["memory_mb"], args["max_bytes"],
+                             args["max_processes"])
+
+
+MIXED_JOBS = [
+    (SOLUTION, TESTS),
+    (WRONG, TESTS),
+    ("def add(a, b) return a", TESTS),
+    ("raise ValueError('boom')", TESTS),
+    ("while True:\n    pass", TESTS),
+    (SOLUTION + "def spin():\n    while True: pass", "assert add(1, 2) == 3\nassert spin()"),
+    ("x = bytearray(8 * 1024**3)", TESTS),
+    (SOLUTION + "import sys\nprint('x' * 1_000_000)\nprint('e' * 100_000, file=sys.stderr)", TESTS),
+    (SOLUTION + "import os\ndef leave():\n    os._exit(0)\n", "assert add(1, 2) == 3\nassert leave()\n"),
+    (SOLUTION, TESTS),
+]
+
+
+def test_batch_verdicts_equal_single_runs(backend):
+    kw = {"timeout_s": 1.0, "memory_mb": 128, "backend": backend}
+    batch = sb.run_tests_batch(MIXED_JOBS, batch_size=len(MIXED_JOBS), **kw)
+    single = [run_tests(code, tests, **kw) for code, tests in MIXED_JOBS]
+    assert [_key(v) for v in batch] == [_key(v) for v in single]
+    assert [v.status for v in batch] == ["passed", "failed", "error", "error", "timeout", "timeout", "memory",
+                                         "passed", "killed", "passed"]
+    huge = batch[7]
+    assert len(huge.stdout) < 4200 and len(huge.stderr) < 4200 and "truncated" in huge.stdout
+    assert batch[0].stdout == "" and all(v.duration_s > 0 for v in batch)
+
+
+def test_batch_runs_without_fallback_and_keeps_order(batch_backend):
+    jobs = [(SOLUTION if i % 3 else WRONG, TESTS) for i in range(7)]
+    verdicts = _batch_only(jobs, batch_backend)
+    assert None not in verdicts
+    assert [v.status for v in verdicts] == ["failed" if i % 3 == 0 else "passed" for i in range(7)]
+
+
+def test_batch_bad_job_raises_naming_it():
+    with pytest.raises(ValueError, match="job 1"):
+        sb.run_tests_batch([(SOLUTION, TESTS), (SOLUTION, "x = 1")])
+    with pytest.raises(ValueError):
+        sb.run_tests_batch([(SOLUTION, TESTS)], batch_size=0)
+    assert sb.run_tests_batch([]) == []
+
+
+def test_batch_leftover_processes_and_files_do_not_reach_the_next_job(batch_backend):
+    marker = f"{3000 + random.randrange(1000)}.{random.randrange(10**6):06d}"
+    leave = SOLUTION + textwrap.dedent(f"""
+        import os
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv("/bin/sleep", ["sleep", "{marker}"])
+            os._exit(0)
+        os.makedirs("sub/deeper", exist_ok=True)
+        open("sub/deeper/secret.txt", "w").write("answer=42")
+        os.chmod("sub", 0)
+        open("left.txt", "w").write("answer=42")
+        def tmp_write():
+            try:
+                open("/tmp/reflectrl-left-{marker}", "w").write("x")
+                return True
+            except OSError:
+                return False
+    """)
+    look = SOLUTION + textwrap.dedent(f"""
+        import os
+        def others():
+            found = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    if b"{marker}" in open(f"/proc/{{pid}}/cmdline", "rb").read():
+                        found.append(pid)
+                except OSError:
+                    pass
+            return found
+    """)
+    checks = (TESTS + "assert others() == []\nassert os.listdir('.') == []\n"
+              f"assert not os.path.exists('/tmp/reflectrl-left-{marker}')\n")
+    verdicts = _batch_only([(leave, TESTS + "assert not tmp_write()\n"), (look, checks), (look, checks)],
+                           batch_backend)
+    assert [_key(v) for v in verdicts] == [("passed", 4, 4), ("passed", 6, 6), ("passed", 6, 6)]
+    assert _running_with(marker) == []
+
+
+def test_batch_fork_bomb_then_clean_job(batch_backend):
+    _require(batch_backend, "process_limit")
+    marker = f"{3000 + random.randrange(1000)}.{random.randrange(10**6):06d}"
+    bomb = textwrap.dedent(f"""
+        import os
+        def bomb():
+            while True:
+                try:
+                    if os.fork() == 0:
+                        os.setsid()
+                        if os.fork() == 0:
+                            os.execv("/bin/sleep", ["sleep", "{marker}"])
+                except OSError:
+                    pass
+    """)
+    verdicts = _batch_only([(bomb, "assert bomb()"), (SOLUTION, TESTS)], batch_backend, timeout_s=1.0,
+                           max_processes=32)
+    assert [v.status for v in verdicts] == ["timeout", "passed"]
+    assert _running_with(marker) == []
+
+
+def test_batch_ipc_objects_do_not_outlive_a_job(batch_backend):
+    key = 0x5EED0000 + random.randrange(1 << 16)
+    code = SOLUTION + textwrap.dedent(f"""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        def shm(flags):
+            return libc.shmget({key}, 4096, flags)
+        def mq_create():
+            return libc.mq_open(b"/reflectrl-{key}", 0o100 | 2, 0o600, None)
+    """)
+    first = (code, TESTS + "assert shm(0o1000 | 0o600) >= 0\nassert mq_create() < 0\n")  # IPC_CREAT | mode
+    second = (code, TESTS + "assert shm(0) < 0\n")
+    assert [_key(v) for v in _batch_only([first, second], batch_backend)] == [("passed", 5, 5), ("passed", 4, 4)]
+
+
+def test_batch_job_cannot_reach_the_runner_or_forge_the_next_verdict(batch_backend):
+    peek = SOLUTION + textwrap.dedent("""
+        import os
+        def readable():
+            found, runner = [], os.getppid()
+            for what in ("fd", "mem", "environ", "maps"):
+                path = f"/proc/{runner}/{what}"
+                try:
+                    os.listdir(path) if what == "fd" else open(path, "rb").read(1)
+                    found.append(what)
+                except OSError:
+                    pass
+            return found
+        if os.fork() == 0:  # keeps writing forged records to every descriptor it has
+            import time
+            while True:
+                for fd in range(256):
+                    for nonce in ("0" * 32, "f" * 32):
+                        for line in ("setup 0 1 -", "define 0 1 -", "test 0 1 -", "test 1 1 -", "test 2 1 -",
+                                     "done 3 1 -"):
+                            try:
+                                os.write(fd, (nonce + " " + line + "\\n").encode())
+                            except OSError:
+                                pass
+                time.sleep(0.001)
+    """)
+    verdicts = _batch_only([(peek, TESTS + "assert readable() == []\n"), (WRONG, TESTS), (WRONG, TESTS)],
+                           batch_backend)
+    assert [_key(v) for v in verdicts] == [("passed", 4, 4), ("failed", 2, 3), ("failed", 2, 3)]
+
+
+def test_batch_job_attacking_the_runner_never_gives_a_pass(batch_backend):
+    attack = textwrap.dedent("""
+        import os, signal
+        def attack():
+            for fn in (lambda: os.kill(os.getppid(), signal.SIGKILL), lambda: os.kill(-1, signal.SIGKILL),
+                       lambda: os.kill(os.getppid(), signal.SIGSTOP), lambda: os.kill(1, signal.SIGKILL)):
+                try:
+                    fn()
+                except OSError:
+                    pass
+            return True
+    """)
+    jobs = [(SOLUTION, TESTS), (attack, "assert attack()"), (WRONG, TESTS), (SOLUTION, TESTS), (WRONG, TESTS)]
+    raw = _batch_only(jobs, batch_backend, timeout_s=2.0)
+    truth = ["passed", None, "failed", "passed", "failed"]
+    for got, want in zip(raw[2:], truth[2:]):
+        assert got is None or got.status == want  # the rest: their own verdict, or "rerun me"
+    assert [v.status for v in sb.run_tests_batch(jobs, timeout_s=2.0, backend=batch_backend)][2:] == truth[2:]
+
+
+def test_batch_runner_death_makes_the_rest_fall_back(batch_backend, monkeypatch):
+    # a runner that dies after job 1 ran (its records all say "passed") but before reporting it
+    dying = sb._BATCH_RUNNER.replace('        say("end %d', '        if index == 1:\n            os._exit(1)\n'
+                                     '        say("end %d', 1)
+    assert dying != sb._BATCH_RUNNER
+    monkeypatch.setattr(sb, "_BATCH_RUNNER", dying)
+    jobs = [(SOLUTION, TESTS), (SOLUTION, TESTS), (SOLUTION, TESTS), (WRONG, TESTS)]
+    raw = _batch_only(jobs, batch_backend)
+    assert raw[0].status == "passed" and raw[1:] == [None, None, None]
+    assert [v.status for v in sb.run_tests_batch(jobs, backend=batch_backend)] == ["passed"] * 3 + ["failed"]
+
+
+def test_batch_falls_back_to_one_sandbox_per_job_without_pid_namespace():
+    if not _available("none"):
+        pytest.skip("backend none unavailable")
+    assert not sb.batch_supported("none")
+    verdicts = sb.run_tests_batch([(SOLUTION, TESTS), (WRONG, TESTS)], backend="none")
+    assert [v.status for v in verdicts] == ["passed", "failed"]
+
+
+def test_pool_map_batched():
+    with SandboxPool(max_workers=2, timeout_s=5) as pool:
+        items = [(SOLUTION, TESTS), (WRONG, TESTS), ("def add(", TESTS)] * 3
+        verdicts = pool.map_batched(items, batch_size=4)
+        assert [v.status for v in verdicts] == ["passed", "failed", "error"] * 3
+        assert pool.submit_batch([(SOLUTION, TESTS)]).result()[0].status == "passed"

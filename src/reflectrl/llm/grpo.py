@@ -127,6 +127,10 @@ class GRPOConfig:
     next generates."""
     reward_workers: int = 4
     """Threads that run env steps / reward functions (0: inline)."""
+    sandbox_batch: int = 16
+    """Jobs per sandbox launch for tasks that run code in the sandbox (codegen, humaneval): the rollout scores
+    each generated chunk with one call and the task runs its tests in batches of this size, each job still in
+    its own forked process (docs/sandbox.md); 1: one sandbox launch per completion, one env step each."""
     reward_cache: int = 100_000
     """Remember the scores of this many (problem, completion) pairs of a single-turn task, so a completion
     sampled again is not verified again (0: only duplicates within one rollout share a score)."""
@@ -190,6 +194,7 @@ class GRPOConfig:
             (self.gen_batch >= 1 and self.reward_workers >= 0 and self.reward_cache >= 0,
              "gen_batch must be >= 1, reward_workers and reward_cache >= 0"),
             (self.norm_len is None or self.norm_len >= 1, "norm_len must be >= 1"),
+            (self.sandbox_batch >= 1, f"sandbox_batch must be >= 1, got {self.sandbox_batch}"),
             (self.lora_r >= 0, f"lora_r must be >= 0, got {self.lora_r}"),
         ]
         for ok, msg in checks:
@@ -230,6 +235,8 @@ class GRPO:
     def __init__(self, config: GRPOConfig, hooks: list[Any] | None = None):
         config.validate()
         self.task = get_task(config.task)
+        if hasattr(self.task, "sandbox_batch"):
+            self.task.sandbox_batch = config.sandbox_batch
         multi = bool(getattr(self.task, "multi_turn", False))
         turns = config.max_turns or (int(getattr(self.task, "max_turns", 6)) if multi else 1)
         budget = config.max_response_tokens or (config.max_new_tokens * turns * (2 if multi else 1))
@@ -252,7 +259,8 @@ class GRPO:
                                            weight_decay=cfg.weight_decay)
         self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k)
         self.rollout = Rollout(self.policy, self.engine, self.task, cfg.max_new_tokens, turns, budget, cfg.gen_batch,
-                               cfg.reward_workers, reward_cache=cfg.reward_cache)
+                               cfg.reward_workers, reward_cache=cfg.reward_cache,
+                               batch_scoring=cfg.sandbox_batch > 1)
         self.adv_fn = get_adv_est(cfg.adv_estimator)
         # merging identical rows is exact for the built-in loss terms; a hook's own terms would not see the counts
         self._dedupe = cfg.dedupe and not any(hasattr(h, n) for h in self.hooks for n in ("policy_loss", "loss")) \

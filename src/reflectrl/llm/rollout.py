@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, ReflectRLError
-from ..tasks.base import Problem, SingleTurnEnv, Task
+from ..tasks.base import Problem, SingleTurnEnv, Task, batch_scorer
 from .policy import Policy
 
 # per-token optional fields (all [R, C]) that follow the rows through select / cat / with_prompts
@@ -518,6 +518,32 @@ def _single_token_stops(tok: Any, stops: Sequence[str]) -> list[int]:
     return out
 
 
+def _timed_batch(fn: Callable, problems: list[Problem], texts: list[str]) -> tuple[list[tuple[float, dict]], float]:
+    """A task's ``score_batch`` on one chunk, timed; errors become one clear ReflectRLError."""
+    t0 = time.perf_counter()
+    try:
+        res = list(fn(problems, texts))
+    except ReflectRLError:
+        raise
+    except Exception as exc:
+        raise ReflectRLError(f"the task's batch reward (score_batch) raised {type(exc).__name__}: {exc}") from exc
+    if len(res) != len(texts):
+        raise ReflectRLError(f"the task's score_batch returned {len(res)} results for {len(texts)} completions")
+    return res, time.perf_counter() - t0
+
+
+def _resolve(batch: Future, futures: list[Future]) -> None:
+    """Hand each completion of a finished batch its step result ``(("", reward, True, info), share of time)``."""
+    exc = batch.exception()
+    if exc is not None:
+        for f in futures:
+            f.set_exception(exc)
+        return
+    res, dt = batch.result()
+    for f, (reward, info) in zip(futures, res):
+        f.set_result((("", float(reward), True, dict(info) if isinstance(info, dict) else {}), dt / len(futures)))
+
+
 def _timed_step(env: Any, text: str) -> tuple[tuple[str, float, bool, dict], float]:
     t0 = time.perf_counter()
     try:
@@ -535,18 +561,22 @@ class Rollout:
     Single-turn tasks use :class:`~reflectrl.tasks.base.SingleTurnEnv` (the reward is ``task.score``);
     multi-turn tasks use ``task.make_env()``: each turn's completion goes to ``env.step``, and the
     returned feedback text is appended to the context as feedback tokens (masked out of the loss).
-    Env steps run on a thread pool while the next chunk of rows is generating."""
+    Env steps run on a thread pool while the next chunk of rows is generating. A single-turn task with
+    ``score_batch`` (see :func:`~reflectrl.tasks.base.batch_scorer`) gets one call per generated chunk
+    instead of one env step per completion, unless ``batch_scoring`` is False."""
 
     def __init__(self, policy: Policy, engine: GenerationEngine, task: Task, max_new_tokens: int = 64,
                  max_turns: int = 1, max_response_tokens: int | None = None, gen_batch: int = 128,
                  reward_workers: int = 4, encode_prompt: Callable[[str], list[int]] | None = None,
-                 encode_feedback: Callable[[str], list[int]] | None = None, reward_cache: int = 100_000):
+                 encode_feedback: Callable[[str], list[int]] | None = None, reward_cache: int = 100_000,
+                 batch_scoring: bool = True):
         if max_new_tokens < 1 or max_turns < 1 or gen_batch < 1:
             raise ConfigError("max_new_tokens, max_turns and gen_batch must be >= 1")
         self.policy, self.engine, self.task = policy, engine, task
         self.max_new_tokens, self.max_turns, self.gen_batch = max_new_tokens, max_turns, gen_batch
         self.max_response_tokens = max_response_tokens or max_new_tokens * max_turns
         self.multi_turn = bool(getattr(task, "multi_turn", False)) and max_turns > 1
+        self.score_batch = batch_scorer(task) if batch_scoring and not self.multi_turn else None
         self.pool = ThreadPoolExecutor(reward_workers) if reward_workers > 0 else None
         tok = policy.tokenizer
         self.encode_prompt = encode_prompt or (lambda s: tok(s, add_special_tokens=True)["input_ids"])
@@ -629,11 +659,14 @@ class Rollout:
             eos = set(self.policy.eos_ids)
             bodies = [o[:-1] if o and o[-1] in eos else o for o in outs]
             texts = decode_batch(self.policy.tokenizer, bodies)
+            done = []
             for row, ids, body, text, budget in zip(chunk, outs, bodies, texts, budgets):
                 stats.generated_tokens += len(ids)
                 ids, text, stopped = self._finish_completion(ids, body, text)
-                pending.append((row, ids, budget, stopped, self._score(row, text, stats)))
+                done.append((row, ids, budget, stopped, text))
                 row.transcript.append(("policy", text))
+            futures = self._score_chunk([(d[0], d[-1]) for d in done], stats)
+            pending += [(row, ids, budget, stopped, f) for (row, ids, budget, stopped, _), f in zip(done, futures)]
         results = self._wait([p[-1] for p in pending], stats, timed=True)
         for (row, ids, budget, stopped, _), (feedback, reward, done, info) in zip(pending, results):
             row.segments.append(Segment(list(ids), "policy", turn, float(reward)))
@@ -655,6 +688,32 @@ class Rollout:
                 row.segments.append(Segment(fb, "env", turn))
                 row.used += len(fb)
                 row.transcript.append(("env", feedback))
+
+    def _score_chunk(self, pairs: list[tuple[_Row, str]], stats: RolloutStats) -> list[Future]:
+        """One future per completion of a chunk: per completion through the env, or, for a task with
+        ``score_batch``, every completion not scored before in one submitted call."""
+        if self.score_batch is None:
+            return [self._score(row, text, stats) for row, text in pairs]
+        out, todo = [], []
+        for row, text in pairs:
+            key = (row.problem.id, text)
+            fut = self._cache.get(key)
+            if fut is not None:
+                self._cache.move_to_end(key)
+                stats.cache_hits += 1
+            else:
+                fut = Future()
+                fut.set_running_or_notify_cancel()
+                todo.append((row.problem, text, fut))
+                stats.new_steps.add(id(fut))
+                self._cache[key] = fut
+            out.append(fut)
+        while self.reward_cache_size and len(self._cache) > self.reward_cache_size:
+            self._cache.popitem(last=False)
+        if todo:
+            batch = self._submit(_timed_batch, self.score_batch, [p for p, _, _ in todo], [t for _, t, _ in todo])
+            batch.add_done_callback(lambda b, fs=[f for _, _, f in todo]: _resolve(b, fs))
+        return out
 
     def _score(self, row: _Row, text: str, stats: RolloutStats) -> Future:
         """Submit the env step of a completion; a single-turn completion scored before reuses its result."""

@@ -4,6 +4,11 @@ A task yields :class:`Problem` s per split, verifies a completion (``score``), w
 demonstration for supervised warm-up, and opens a multi-turn environment over a problem:
 ``env.reset(problem) -> text`` then ``env.step(text) -> (text, reward, done, info)``; the text an
 environment returns (execution results, errors) is fed back to the agent but masked out of the loss.
+
+A single-turn task may also define ``score_batch(problems, completions) -> [(reward, info), ...]``: the
+same rewards and infos as one ``SingleTurnEnv.step`` per completion, computed together (the rollout then
+scores each generated chunk with one call; the code tasks run it as batched sandbox launches). See
+:func:`batch_scorer`.
 """
 
 from __future__ import annotations
@@ -61,7 +66,21 @@ class SingleTurnEnv:
 
     def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
         reward = float(self.task.score(self.problem, text))
-        return "", reward, True, {"outcome": reward, **self_report(text)}
+        return "", reward, True, step_info(reward, text)
+
+
+def step_info(reward: float, text: Any) -> dict[str, Any]:
+    """The ``info`` of a single-turn step: the outcome and the completion's self-reports."""
+    return {"outcome": float(reward), **self_report(text)}
+
+
+def batch_scorer(task: Any) -> Callable[[list[Problem], list[str]], list[tuple[float, dict[str, Any]]]] | None:
+    """The task's optional ``score_batch(problems, completions) -> [(reward, info), ...]`` (single-turn
+    tasks only), or None when it has none."""
+    if getattr(task, "multi_turn", False):
+        return None
+    fn = getattr(task, "score_batch", None)
+    return fn if callable(fn) else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
-from .base import Problem, SingleTurnEnv, check_split, in_heldout, register_task, stable_hash, strip_self_report
-from .sandbox import SandboxPool, Verdict, run_tests
+from .base import (Problem, SingleTurnEnv, check_split, in_heldout, register_task, stable_hash, step_info,
+                   strip_self_report)
+from .sandbox import BATCH_SIZE, SandboxPool, Verdict, check_job, run_tests
 
 MAX_COMPLETION_CHARS = 20_000  # longer completions are cut here (no reference solution comes close)
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#", "\nassert ")
@@ -88,7 +89,12 @@ class _PoolHolder:
 
 
 class SandboxedCodeTask:
-    """Shared verifier of code tasks: ``problem.meta`` holds ``tests`` (top-level asserts) and ``entry_point``."""
+    """Shared verifier of code tasks: ``problem.meta`` holds ``tests`` (top-level asserts) and ``entry_point``.
+
+    ``sandbox_batch``: jobs per sandbox launch when many completions are scored at once (``verdicts_many``,
+    ``score_many``, ``score_batch``); each job still runs in its own forked process with its own limits
+    (docs/sandbox.md, "Batch mode"). 1 starts one sandbox per completion.
+    """
 
     name = "code"
     multi_turn = False
@@ -96,8 +102,11 @@ class SandboxedCodeTask:
     timeout_s = 5.0
     memory_mb = 512
 
-    def __init__(self, workers: int | None = None):
+    def __init__(self, workers: int | None = None, sandbox_batch: int = BATCH_SIZE):
+        if not (isinstance(sandbox_batch, int) and sandbox_batch >= 1):
+            raise ConfigError(f"sandbox_batch must be an integer >= 1, got {sandbox_batch!r}")
         self._pool = _PoolHolder(workers)
+        self.sandbox_batch = sandbox_batch
 
     def program(self, problem: Problem, completion: Any) -> str:
         """The source that is run against the hidden tests."""
@@ -115,21 +124,40 @@ class SandboxedCodeTask:
         return _fraction(self.verdict(problem, completion))
 
     def verdicts_many(self, problems: Sequence[Problem], completions: Sequence[Any]) -> list[Verdict]:
-        """Verdicts for many pairs, run in parallel in the task's sandbox pool (input order kept)."""
+        """Verdicts for many pairs, run in parallel in the task's sandbox pool (input order kept): in batches
+        of ``sandbox_batch`` jobs per sandbox launch spread over the pool's workers, or one sandbox per job."""
         pool = self._pool.get()
         jobs = [(self.program(p, c), p.meta["tests"]) for p, c in zip(problems, completions)]
-        futures = [pool.submit(code, tests, timeout_s=self.timeout_s, memory_mb=self.memory_mb) for code, tests in jobs]
-        out = []
-        for future, (_, tests) in zip(futures, jobs):
+        limits = {"timeout_s": self.timeout_s, "memory_mb": self.memory_mb}
+        if self.sandbox_batch <= 1:
+            futures = [pool.submit(code, tests, **limits) for code, tests in jobs]
+            out = []
+            for future, (_, tests) in zip(futures, jobs):
+                try:
+                    out.append(future.result())
+                except (ValueError, TypeError) as exc:
+                    out.append(_refused(exc, tests))
+            return out
+        out: list[Verdict | None] = [None] * len(jobs)
+        valid = []
+        for i, (code, tests) in enumerate(jobs):
             try:
-                out.append(future.result())
+                check_job(code, tests, **limits)
+                valid.append(i)
             except (ValueError, TypeError) as exc:
-                out.append(_refused(exc, tests))
-        return out
+                out[i] = _refused(exc, tests)
+        for i, verdict in zip(valid, pool.map_batched([jobs[i] for i in valid], self.sandbox_batch, **limits)):
+            out[i] = verdict
+        return out  # type: ignore[return-value]
 
     def score_many(self, problems: Sequence[Problem], completions: Sequence[Any]) -> list[float]:
         """``score`` for many pairs, in parallel."""
         return [_fraction(v) for v in self.verdicts_many(problems, completions)]
+
+    def score_batch(self, problems: Sequence[Problem], completions: Sequence[Any]) -> list[tuple[float, dict]]:
+        """(reward, info) for many single-turn completions at once, as ``make_env().step`` would give each
+        (the rollout scores a whole generated chunk with one call)."""
+        return [(r, step_info(r, c)) for r, c in zip(self.score_many(problems, completions), completions)]
 
     def demonstration(self, problem: Problem) -> str:
         """The reference completion (body form)."""
@@ -282,8 +310,8 @@ class CodegenTask(SandboxedCodeTask):
     memory_mb = 256
 
     def __init__(self, n_tests: int = 5, heldout_fraction: float = 0.2, families: Sequence[str] | None = None,
-                 seed: int = 0, workers: int | None = None):
-        super().__init__(workers)
+                 seed: int = 0, workers: int | None = None, sandbox_batch: int = BATCH_SIZE):
+        super().__init__(workers, sandbox_batch)
         if not 0.0 < heldout_fraction < 1.0:
             raise ConfigError(f"codegen heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
         if not (isinstance(n_tests, int) and 1 <= n_tests <= 20):

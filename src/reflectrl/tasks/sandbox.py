@@ -24,7 +24,7 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 from ..errors import ReflectRLError
 
@@ -34,7 +34,10 @@ __all__ = [
     "SandboxPool",
     "SandboxWarning",
     "Verdict",
+    "batch_supported",
+    "check_job",
     "run_tests",
+    "run_tests_batch",
     "sandbox_backend",
     "sandbox_capabilities",
 ]
@@ -88,7 +91,7 @@ class Verdict:
 # each result as "<nonce> <kind> <index> <ok> <info>" on a private pipe. After untrusted code
 # starts, it only uses references it bound beforehand (see docs/sandbox.md for the limits).
 # --------------------------------------------------------------------------------------------
-_RUNNER = r'''
+_RUNNER_LIB = r'''
 import os
 import sys
 
@@ -295,10 +298,14 @@ def make_finisher(_sys=sys, _exit=os._exit, _base=BaseException, _getattr=getatt
 
 
 def main():
-    """Read the job, compile the tests, isolate, then run the code and each test, reporting each."""
+    """Read the job from stdin and run it in this process."""
+    run_job(read_job())
+
+
+def run_job(job):
+    """Compile the tests, isolate, then run the code and each test, reporting each; never returns."""
     import _ast  # not ast: same nodes, no import cost
     import builtins
-    job = read_job()
     report = make_reporter(job["nonce"], job["fd"])
     tree = compile(job["tests"], "<tests>", "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
     units = [(i, compile(_ast.Module(body=[stmt], type_ignores=[]), "<test %d>" % i, "exec",
@@ -330,10 +337,269 @@ def main():
             report("test", index, err is None, err or "-")
     report("done", n_units, True)
     finish()
-
-
-main()
 '''
+_RUNNER = _RUNNER_LIB + "\n\nmain()\n"
+
+# --------------------------------------------------------------------------------------------
+# The batch runner: `python -I -B -c _BATCH_RUNNER` inside one sandbox (PID namespace required).
+# It reads a header frame, then one frame per job *just before running it*; for each job it kills
+# every other process in the namespace, wipes the work dir and SysV IPC, draws the job's nonce,
+# announces it on its private control pipe, forks the job's child (which keeps only its own three
+# pipes and runs `run_job` exactly as the single runner does), enforces the wall-time limit, kills
+# what the job left, closes the job's pipes and reports the exit. It never runs untrusted code and
+# never reads what a job writes.
+# --------------------------------------------------------------------------------------------
+_BATCH_MAIN = r'''
+
+def read_exact(n):
+    """n bytes from stdin (the parent's job pipe); b'' at EOF."""
+    chunks, left = [], n
+    while left:
+        chunk = os.read(0, min(left, 1 << 16))
+        if not chunk:
+            return b""
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame():
+    """One length-prefixed marshal frame."""
+    import marshal
+    head = read_exact(10)
+    if len(head) != 10:
+        raise EOFError("job stream ended")
+    return marshal.loads(read_exact(int(head)))
+
+
+def ancestors():
+    """This process and its ancestors inside the PID namespace (never signalled)."""
+    keep, pid = {os.getpid()}, os.getppid()
+    while pid > 0 and pid not in keep:
+        keep.add(pid)
+        try:
+            with open("/proc/%d/stat" % pid) as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return keep
+
+
+def live_others(keep):
+    """Pids in this namespace, other than `keep`, that are not zombies."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in keep:
+            try:
+                with open("/proc/%s/stat" % entry) as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                out.append(int(entry))
+    return out
+
+
+def reap():
+    """Collect exited children (as namespace init, orphans are ours too)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def sweep(keep, time):
+    """SIGKILL every process of the namespace except us and our ancestors; True once none is left."""
+    end = time.monotonic() + 3.0
+    while True:
+        try:
+            os.kill(-1, 9)  # every process we may signal in this PID namespace, except us and its init
+        except OSError:
+            pass
+        reap()
+        alive = live_others(keep)
+        if not alive:
+            return True
+        for pid in alive:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+
+
+def ipc_ids():
+    """(kind, id) of every SysV shared-memory segment, message queue and semaphore set of this IPC namespace."""
+    found = []
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open("/proc/sysvipc/" + kind) as fh:
+                found += [(kind, int(line.split()[1])) for line in fh.read().splitlines()[1:] if line.strip()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def clear_ipc(lib, uid):
+    """Remove every SysV IPC object a job left (as its creator: IPC_RMID needs the owner); True if none is left."""
+    found = ipc_ids()
+    if not found:
+        return True
+    pid = os.fork() if uid is not None else 0
+    if pid == 0:
+        try:
+            if uid is not None:
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+            for kind, ident in found:
+                if kind == "shm":
+                    lib.shmctl(ident, 0, None)  # IPC_RMID
+                elif kind == "msg":
+                    lib.msgctl(ident, 0, None)
+                else:
+                    lib.semctl(ident, 0, 0)
+        finally:
+            if uid is not None:
+                os._exit(0)
+    else:
+        os.waitpid(pid, 0)
+    return not ipc_ids()
+
+
+def wipe(work, uid, mode):
+    """Empty the work dir (never following links) and give it back its fresh owner and mode."""
+    import shutil
+    import stat
+    os.chmod(work, 0o700)
+    for name in os.listdir(work):
+        path = work + "/" + name
+        info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode):
+            os.chmod(path, 0o700)
+            for root, dirs, _ in os.walk(path):
+                for sub in dirs:
+                    try:
+                        os.chmod(root + "/" + sub, 0o700, follow_symlinks=False)
+                    except OSError:
+                        pass
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    if os.listdir(work):
+        raise OSError("work dir not empty after wipe")
+    if uid is not None:
+        os.chown(work, uid, uid)
+    os.chmod(work, mode)
+
+
+def wait_child(pid, deadline, time):
+    """The child's wait status, or None if it is still running at `deadline` (monotonic)."""
+    import select
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if pidfd is not None:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(min(left, 0.002))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def batch_main():
+    """Run the jobs of the batch one after another, each in a freshly forked child."""
+    import _ast, builtins, marshal, resource, time  # noqa: F401 - imported once, before any fork
+    ctypes, lib = libc()
+    conf = read_frame()
+    ctl = conf["control"]
+
+    def say(text):
+        os.write(ctl, (text + "\n").encode("ascii", "replace"))
+
+    try:
+        if os.getpid() > 8:  # kill(-1) below is only safe inside a fresh PID namespace
+            raise RuntimeError("not in a fresh PID namespace (pid %d)" % os.getpid())
+        notes = isolate_fs(conf["mounts"]) if conf["mounts"] else ""
+        if lib.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0: no ptrace, no /proc/PID/{mem,fd} for same-uid code
+            raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE failed")
+        os.chdir("/")
+        keep = ancestors()
+        work, uid, mode = conf["workdir"], conf["uid"], conf["mode"]
+        null = os.open(os.devnull, os.O_RDWR)
+        max_fd = os.sysconf("SC_OPEN_MAX")
+    except BaseException as exc:
+        say("abort -1 " + (exc_name(exc) + ":" + str(exc)).replace("\n", " ")[:300])
+        os._exit(0)
+    say("ready " + (notes or "-"))
+    for index, (chan, out, err) in enumerate(conf["fds"]):
+        try:
+            if not (sweep(keep, time) and clear_ipc(lib, uid)):
+                raise RuntimeError("processes or IPC objects survived the sweep")
+            wipe(work, uid, mode)
+            job = read_frame()
+        except BaseException as exc:
+            say("abort %d %s" % (index, (exc_name(exc) + ":" + str(exc)).replace("\n", " ")[:300]))
+            os._exit(0)
+        job.update(conf["job"])
+        job["nonce"] = nonce = os.urandom(16).hex()  # drawn now: no earlier child ever held it
+        job["fd"] = 3
+        say("start %d %s" % (index, nonce))
+        del nonce
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setpgid(0, 0)
+                os.dup2(null, 0)
+                os.dup2(out, 1)
+                os.dup2(err, 2)
+                os.dup2(chan, 3)
+                os.closerange(4, max_fd)  # other jobs' pipes, the control pipe, /dev/null
+                run_job(job)
+            finally:
+                os._exit(71)
+        del job
+        status = wait_child(pid, started + conf["timeout"], time)
+        timed_out = status is None
+        if timed_out:
+            try:
+                os.killpg(pid, 9)
+            except OSError:
+                pass
+            _, status = os.waitpid(pid, 0)
+        duration = time.monotonic() - started
+        code = os.waitstatus_to_exitcode(status)
+        clean = sweep(keep, time)
+        for fd in (chan, out, err):
+            os.close(fd)
+        say("end %d %d %d %.4f" % (index, timed_out, code, duration))
+        if not clean:
+            say("abort %d processes survived the sweep" % (index + 1))
+            os._exit(0)
+    sweep(keep, time)
+    say("finished")
+    os._exit(0)
+
+
+batch_main()
+'''
+_BATCH_RUNNER = _RUNNER_LIB + _BATCH_MAIN
 
 
 # --------------------------------------------------------------------------------------------
@@ -485,7 +751,7 @@ def _mount_plan(work: str) -> dict:
     return {"hide": hide, "ro": ro, "rw": work}
 
 
-def _bwrap_argv(work: str, root: bool, drop_uid: bool) -> list[str]:
+def _bwrap_argv(work: str, root: bool, drop_uid: bool, batch: bool = False) -> list[str]:
     """bubblewrap command line: read-only root, private /dev /proc, hidden tmp/home, rw work dir."""
     plan = _mount_plan(work)
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net"]
@@ -503,6 +769,8 @@ def _bwrap_argv(work: str, root: bool, drop_uid: bool) -> list[str]:
         argv += ["--remount-ro", hidden]
     if root:  # bwrap run by root keeps every capability unless told otherwise
         caps = ("SETPCAP", "SETUID", "SETGID") if drop_uid else ("SETPCAP",)  # for the runner's privilege drop
+        if batch:  # the batch runner kills what a job left and wipes its files (jobs drop all caps)
+            caps += ("KILL", "DAC_OVERRIDE", "FOWNER", "CHOWN")
         argv += ["--cap-drop", "ALL"] + [a for c in caps for a in ("--cap-add", f"CAP_{c}")]
     return argv + ["--chdir", work, "--"]
 
@@ -845,10 +1113,10 @@ def _execute(backend: _Backend, code: str, tests: str, timeout_s: float, memory_
     return _verdict(seen, assert_indices, n_statements), setup[1]
 
 
-def _wrapper_argv(backend: _Backend, work: str) -> list[str]:
+def _wrapper_argv(backend: _Backend, work: str, batch: bool = False) -> list[str]:
     """Command prefix that puts the runner into namespaces (empty for the 'none' backend)."""
     if backend.name == "bwrap":
-        return [shutil.which("bwrap") or "bwrap", *_bwrap_argv(work, _is_root(), backend.drop_uid)[1:]]
+        return [shutil.which("bwrap") or "bwrap", *_bwrap_argv(work, _is_root(), backend.drop_uid, batch)[1:]]
     if backend.name == "unshare":
         return [shutil.which("unshare") or "unshare", *_unshare_argv(_is_root())[1:]]
     return []
@@ -893,6 +1161,212 @@ def _make_removable(path: str) -> None:
                 os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
             except OSError:
                 pass
+
+
+# --------------------------------------------------------------------------------------------
+# Batches: many jobs in one sandbox launch, each in its own freshly forked child (see _BATCH_MAIN).
+# --------------------------------------------------------------------------------------------
+BATCH_SIZE = 16  # default jobs per sandbox launch
+_BATCH_MAX = 128  # jobs per launch at most (three pipes per job are passed into the sandbox)
+_BATCH_SETUP_S = 0.05  # allowance for the child's own set-up (rlimits, privilege drop) on top of timeout_s
+_BATCH_SLACK_S = 2.0  # how far past a job's limit the parent waits for the runner's report before giving up
+_BATCH_GAP_S = 10.0  # time allowed between two jobs (sweep, wipe, reading the next job)
+_BATCH_BROKEN: dict[str, str] = {}  # backend/variant -> why its batch runner cannot start here
+
+
+class _BatchJob:
+    """What the parent collected about one job of a batch."""
+
+    __slots__ = ("raw", "stdout", "stderr", "nonce", "end")
+
+    def __init__(self, max_bytes: int):
+        self.raw = _Capped(_CHANNEL_CAP)  # channel bytes, validated once the job's nonce is known
+        self.stdout, self.stderr = _Capped(max_bytes), _Capped(max_bytes)
+        self.nonce: bytes | None = None
+        self.end: tuple[bool, int, float] | None = None  # (timed_out, returncode, duration_s) from the runner
+
+
+class _Control:
+    """The runner's control lines: ready / start k nonce / end k timed_out rc duration / abort / finished."""
+
+    def __init__(self, jobs: list[_BatchJob]):
+        self.jobs, self.buf = jobs, b""
+        self.ready: str | None = None
+        self.abort: str | None = None
+        self.finished = False
+        self.current: int | None = None  # index of the job started and not yet ended
+        self.next = 0
+        self.since = time.monotonic()  # time of the last event
+
+    def feed(self, chunk: bytes) -> None:
+        *lines, self.buf = (self.buf + chunk).split(b"\n")
+        for line in lines:
+            self._parse(line.decode("ascii", "replace").split(" "))
+        self.buf = self.buf[-4096:]
+
+    def _parse(self, parts: list[str]) -> None:
+        self.since = time.monotonic()
+        kind = parts[0]
+        if kind == "ready" and self.ready is None:
+            self.ready = " ".join(parts[1:]) or "-"
+        elif kind == "start" and len(parts) == 3 and self.current is None and parts[1] == str(self.next) \
+                and self.next < len(self.jobs) and len(parts[2]) == 32:
+            self.current, self.next = self.next, self.next + 1
+            self.jobs[self.current].nonce = parts[2].encode()
+        elif kind == "end" and len(parts) == 5 and self.current is not None and parts[1] == str(self.current):
+            try:
+                self.jobs[self.current].end = (parts[2] == "1", int(parts[3]), float(parts[4]))
+            except ValueError:
+                self.abort = "bad end record"
+            self.current = None
+        elif kind == "abort":
+            self.abort = " ".join(parts[1:]) or "?"
+        elif kind == "finished":
+            self.finished = True
+
+    def deadline(self, timeout_s: float, start: float) -> float:
+        """When the parent stops waiting for the runner's next event."""
+        if self.ready is None:
+            return start + _STARTUP_S
+        if self.current is not None:
+            return self.since + timeout_s + _BATCH_SETUP_S + _BATCH_SLACK_S
+        return self.since + _BATCH_GAP_S
+
+
+def _frame(obj) -> bytes:
+    """A length-prefixed marshal frame of the runner's job stream."""
+    data = marshal.dumps(obj)
+    return b"%010d" % len(data) + data
+
+
+def _batch_key(backend: _Backend) -> str:
+    return f"{backend.name}/{backend.drop_uid}"
+
+
+def _batchable(backend: _Backend) -> bool:
+    """Batches need a PID namespace (to kill every leftover process between jobs) and a working runner."""
+    return backend.name in ("bwrap", "unshare") and bool(backend.protections.get("pid_namespace")) \
+        and _batch_key(backend) not in _BATCH_BROKEN
+
+
+def _launch_batch(backend: _Backend, jobs: list[tuple[str, str]], work: str, uid: int | None, mode: int,
+                  limits: dict, timeout_s: float, max_bytes: int) -> tuple[list[_BatchJob], _Control, str]:
+    """Start one batch runner, feed it the jobs, collect every job's pipes and the control lines."""
+    states = [_BatchJob(max_bytes) for _ in jobs]
+    sinks: dict[int, Any] = {}
+    passed: list[int] = []
+    try:
+        ctl_r, ctl_w = os.pipe()
+        control = _Control(states)
+        sinks[ctl_r] = control.feed
+        passed.append(ctl_w)
+        triples = []
+        for st in states:
+            triple = []
+            for sink in (st.raw.feed, st.stdout.feed, st.stderr.feed):
+                r, w = os.pipe()
+                sinks[r] = sink
+                passed.append(w)
+                triple.append(w)
+            triples.append(triple)
+        conf = {"control": ctl_w, "fds": triples, "workdir": work, "uid": uid, "mode": mode,
+                "timeout": timeout_s + _BATCH_SETUP_S,
+                "mounts": _mount_plan(work) if backend.name == "unshare" else None,
+                "job": {"workdir": work, "uid": uid, "limits": limits, "mounts": None}}
+        payload = _frame(conf) + b"".join(_frame({"code": c, "tests": t}) for c, t in jobs)
+        argv = _wrapper_argv(backend, work, batch=True) + [sys.executable, "-I", "-B", "-c", _BATCH_RUNNER]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                pass_fds=passed, cwd=work, env=_clean_env(work), start_new_session=True)
+    except BaseException:
+        for fd in sinks:
+            os.close(fd)
+        raise
+    finally:
+        for fd in passed:
+            os.close(fd)
+    diag = _Capped(4096)
+    sinks[proc.stdout.fileno()] = sinks[proc.stderr.fileno()] = diag.feed
+    read_fds = list(sinks)
+    try:
+        _pump_batch(proc, sinks, control, payload, timeout_s)
+    finally:
+        _kill(proc, wrapped=True)
+        for fd in read_fds:
+            _drain(fd, sinks[fd])
+        for fd in read_fds:
+            if fd not in (proc.stdout.fileno(), proc.stderr.fileno()):
+                os.close(fd)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            _close(stream)
+    return states, control, diag.text().replace(_UNSHARE_NOISE.decode(), "")
+
+
+def _pump_batch(proc: subprocess.Popen, sinks: dict, control: _Control, payload: bytes, timeout_s: float) -> None:
+    """Feed the job stream and read every pipe until the runner is done, or a deadline passes."""
+    sel = selectors.DefaultSelector()
+    live = dict(sinks)
+    for fd in live:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    os.set_blocking(proc.stdin.fileno(), False)
+    sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+    pending, start, finish_by = memoryview(payload), time.monotonic(), None
+    try:
+        while live:
+            now = time.monotonic()
+            if finish_by is None and (control.finished or control.abort is not None or _exited(proc)):
+                finish_by = now + (_GRACE_S if control.finished or control.abort else 0.2)
+            limit = min(control.deadline(timeout_s, start), finish_by or math.inf)
+            if now >= limit:
+                break
+            for key, _ in sel.select(min(limit - now, 0.05)):
+                if key.fd not in live:
+                    pending = _write_some(sel, proc.stdin, pending)
+                elif not _read_some(key.fd, live[key.fd]):
+                    sel.unregister(key.fd)
+                    del live[key.fd]
+    finally:
+        sel.close()
+
+
+def _execute_batch(backend: _Backend, jobs: list[tuple[str, str]], timeout_s: float, memory_mb: int,
+                   max_bytes: int, max_processes: int) -> list[Verdict | None]:
+    """One sandbox launch for all `jobs`; None for a job the batch could not vouch for (rerun it alone)."""
+    parsed = [_parse_tests(tests) for _, tests in jobs]
+    lease = _UidLease() if backend.drop_uid else _NoLease()
+    with lease as uid, tempfile.TemporaryDirectory(prefix="reflectrl-sbx-") as work:
+        mode = 0o700
+        if uid is not None:
+            os.chown(work, uid, uid)
+            mode = 0o711  # the wrapper (root without capabilities) must be able to enter it
+            os.chmod(work, mode)
+        limits = _limits(backend, timeout_s, memory_mb, max_processes)
+        limits["MSGQUEUE"] = [0, 0]  # no POSIX message queue: they would outlive the job in the IPC namespace
+        states, control, diag = _launch_batch(backend, jobs, work, uid, mode, limits, timeout_s, max_bytes)
+        _make_removable(work)
+    if control.ready is None:
+        reason = control.abort or diag[-300:].strip() or "no report"
+        if control.abort and control.abort.startswith("-1 "):
+            _BATCH_BROKEN[_batch_key(backend)] = reason
+        log.warning("sandbox batch runner (%s) did not start: %s; running these jobs one per sandbox",
+                    backend.name, reason)
+    elif control.abort:
+        log.warning("sandbox batch (%s) stopped early: %s; the rest run one per sandbox", backend.name, control.abort)
+    out: list[Verdict | None] = []
+    for st, (assert_indices, n_statements) in zip(states, parsed):
+        if st.end is None or st.nonce is None:
+            out.append(None)
+            continue
+        chan = _Channel(st.nonce.decode())
+        chan.feed(bytes(st.raw.data))
+        setup = chan.get("setup")
+        if setup is None or not setup[0]:
+            out.append(None)  # the sandbox, not the code, failed: the single run reports it properly
+            continue
+        timed_out, returncode, duration = st.end
+        seen = _Outcome(chan, st.stdout, st.stderr, returncode, timed_out and not chan.finished(), duration)
+        out.append(_verdict(seen, assert_indices, n_statements))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -960,22 +1434,90 @@ def run_tests(code: str, tests: str, timeout_s: float = 5.0, memory_mb: int = 51
     return _execute(chosen, code, tests, float(timeout_s), memory_mb, max_output_bytes, max_processes)[0]
 
 
+def check_job(code: str, tests: str, timeout_s: float = 5.0, memory_mb: int = 512, *, max_output_bytes: int = 4096,
+              max_processes: int = 64) -> None:
+    """Raise the ValueError/TypeError that `run_tests` would raise for these arguments (nothing is run)."""
+    _check(code, tests, timeout_s, memory_mb, max_output_bytes, max_processes)
+    _parse_tests(tests)
+
+
+def batch_supported(backend: str | None = None) -> bool:
+    """Whether `run_tests_batch` really batches with this backend (else it runs one sandbox per job)."""
+    return _batchable(_select(backend))
+
+
+def run_tests_batch(jobs: Iterable[tuple[str, str]], timeout_s: float = 5.0, memory_mb: int = 512, *,
+                    backend: str | None = None, max_output_bytes: int = 4096, max_processes: int = 64,
+                    batch_size: int = BATCH_SIZE) -> list[Verdict]:
+    """`run_tests` for many (code, tests) pairs, ``batch_size`` jobs per sandbox launch; input order kept.
+
+    Each job still runs in its own freshly forked process with its own limits, work dir, nonce and result
+    channel (see docs/sandbox.md, "Batch mode"). Jobs the batch cannot vouch for (the runner was killed or
+    stopped) are rerun one per sandbox, so every verdict is the job's own. Backends without a PID namespace
+    (``none``) always run one sandbox per job. Bad arguments raise like `run_tests`, naming the job.
+    """
+    jobs = list(jobs)
+    for i, job in enumerate(jobs):
+        try:
+            code, tests = job
+            check_job(code, tests, timeout_s, memory_mb, max_output_bytes=max_output_bytes,
+                      max_processes=max_processes)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"job {i}: {exc}") from None
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    chosen = _select(backend)
+    verdicts: list[Verdict | None] = [None] * len(jobs)
+    size = min(batch_size, _BATCH_MAX)
+    for start in range(0, len(jobs), size):
+        chunk = jobs[start:start + size]
+        if len(chunk) < 2 or not _batchable(chosen):
+            continue
+        try:
+            verdicts[start:start + len(chunk)] = _execute_batch(chosen, chunk, float(timeout_s), memory_mb,
+                                                                max_output_bytes, max_processes)
+        except (SandboxError, OSError) as exc:
+            log.warning("sandbox batch (%s) failed: %s; running its jobs one per sandbox", chosen.name, exc)
+    for i, verdict in enumerate(verdicts):
+        if verdict is None:
+            code, tests = jobs[i]
+            verdicts[i] = _execute(chosen, code, tests, float(timeout_s), memory_mb, max_output_bytes,
+                                   max_processes)[0]
+    return verdicts  # type: ignore[return-value]
+
+
 class SandboxPool:
-    """Parallel verdicts: a thread pool, each thread driving one sandboxed subprocess at a time."""
+    """Parallel verdicts: a thread pool, each thread driving one sandboxed subprocess (or batch) at a time."""
 
     def __init__(self, max_workers: int | None = None, **run_kwargs):
         self._kwargs = run_kwargs
-        self._executor = ThreadPoolExecutor(max_workers=max_workers or os.cpu_count() or 1,
-                                            thread_name_prefix="reflectrl-sandbox")
+        self.max_workers = max_workers or os.cpu_count() or 1
+        self._executor = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="reflectrl-sandbox")
 
     def submit(self, code: str, tests: str, **run_kwargs) -> Future:
         """Schedule one run; the Future resolves to a Verdict."""
         return self._executor.submit(run_tests, code, tests, **{**self._kwargs, **run_kwargs})
 
+    def submit_batch(self, jobs: Sequence[tuple[str, str]], **run_kwargs) -> Future:
+        """Schedule `run_tests_batch` on one worker; the Future resolves to a list of Verdicts."""
+        return self._executor.submit(run_tests_batch, list(jobs), **{**self._kwargs, **run_kwargs})
+
     def map(self, items: Iterable[tuple[str, str]]) -> list[Verdict]:
         """Verdicts for (code, tests) pairs, in input order."""
         futures = [self.submit(code, tests) for code, tests in items]
         return [f.result() for f in futures]
+
+    def map_batched(self, items: Iterable[tuple[str, str]], batch_size: int = BATCH_SIZE,
+                    **run_kwargs) -> list[Verdict]:
+        """Verdicts for (code, tests) pairs in batches of at most `batch_size` jobs per sandbox launch,
+        spread over the workers (smaller batches when there are few jobs); input order kept."""
+        items = list(items)
+        if not items:
+            return []
+        size = max(1, min(batch_size, math.ceil(len(items) / self.max_workers)))
+        futures = [self.submit_batch(items[i:i + size], batch_size=size, **run_kwargs)
+                   for i in range(0, len(items), size)]
+        return [v for f in futures for v in f.result()]
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop accepting work; optionally wait for running verdicts."""

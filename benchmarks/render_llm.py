@@ -28,14 +28,17 @@ RES = Path(__file__).resolve().parent / "results"
 BAR = 15.0
 
 
-def collect(dirs: list[Path]) -> None:
+def collect(dirs: list[Path], variant: str | None = None) -> None:
     for d in dirs:
         src = d / "result.json"
         if not src.is_file():
             print(f"skip {d}: no result.json")
             continue
         r = json.loads(src.read_text())
-        dst = RES / f"llm_learn_{r['task']}_s{r['seed']}.json"
+        if variant:
+            r["variant"] = variant
+        slug = "-" + "".join(c if c.isalnum() else "-" for c in variant) if variant else ""
+        dst = RES / f"llm_learn_{r['task']}{slug}_s{r['seed']}.json"
         metrics = d / "grpo" / "metrics.jsonl"
         if r.get("reward_wait_fraction") is None and metrics.is_file():
             # results written before llm_learn.py reported it: take it from the GRPO run's metrics when
@@ -47,13 +50,17 @@ def collect(dirs: list[Path]) -> None:
         print(f"{src} -> {dst}")
 
 
+def name(r: dict) -> str:
+    return r["task"] + (f" ({r['variant']})" if r.get("variant") else "")
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
 def learn_tables() -> str:
     runs = sorted((json.loads(p.read_text()) for p in RES.glob("llm_learn_*_s*.json")),
-                  key=lambda r: (r["task"], r["seed"]))
+                  key=lambda r: (r["task"], r.get("variant", ""), r["seed"]))
     if not runs:
         return "(no llm_learn results)"
     lines = ["| task | seed | held-out problems | before, % [95% CI] | after, % [95% CI] | gain, points | "
@@ -62,14 +69,14 @@ def learn_tables() -> str:
     for r in runs:
         budget = f"{r['budget_seconds']:.0f} {'CPU-' if r['clock'] == 'cpu' else 'wall '}s"
         wait = r.get("reward_wait_fraction")
-        lines.append(f"| {r['task']} | {r['seed']} | {r['n_heldout']} | {pct(r['before'])} "
+        lines.append(f"| {name(r)} | {r['seed']} | {r['n_heldout']} | {pct(r['before'])} "
                      f"[{pct(r['before_ci'][0])}, {pct(r['before_ci'][1])}] | {pct(r['after'])} "
                      f"[{pct(r['after_ci'][0])}, {pct(r['after_ci'][1])}] | {r['gain_points']:+.1f} | {budget} | "
                      f"{r['updates']} | {r['train_seconds']:.0f} | {'n/a' if wait is None else f'{100 * wait:.1f}%'} |")
     lines += ["", "| task | seeds | mean gain, points [95% t CI] | smallest gain | seeds >= +15 points |",
               "|---|---|---|---|---|"]
-    for task in sorted({r["task"] for r in runs}):
-        g = np.array([r["gain_points"] for r in runs if r["task"] == task], float)
+    for task in sorted({name(r) for r in runs}):
+        g = np.array([r["gain_points"] for r in runs if name(r) == task], float)
         if len(g) > 1:
             lo, hi = stats.t.interval(0.95, len(g) - 1, loc=g.mean(), scale=stats.sem(g))
             ci = f"[{lo:+.1f}, {hi:+.1f}]"
@@ -96,17 +103,41 @@ def throughput_table() -> str:
             f"{r['timed_steps']} timed steps per round, transformers {r['transformers_version']}."])
 
 
+def reward_table() -> str:
+    path = RES / "reward_overlap.json"
+    if not path.exists():
+        return "(no reward_overlap result)"
+    r = json.loads(path.read_text())
+    rows = ["| sandbox use | reward-wait share of a step (per round) | s per step | reward threads' s per step |",
+            "|---|---|---|---|"]
+    for key, label in (("per_job", "one sandbox per completion"), ("batch", f"batches of {r['sandbox_batch']}")):
+        x = r[key]
+        rows.append(f"| {label} | {100 * x['reward_wait_fraction']:.1f}% "
+                    f"({', '.join(f'{100 * v:.1f}%' for v in x['rounds_wait_fraction'])}) | {x['step_s']:.1f} | "
+                    f"{x['reward_cpu_s_per_step']:.1f} |")
+    return "\n".join(rows) + (f"\n\n{r['rounds']} alternating rounds of {r['updates']} GRPO updates each, "
+                               f"{r['rows_per_update']} completions per update in chunks of {r['gen_batch']}, "
+                               f"from `{r['model']}`, {r['cpus']} CPUs.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--collect", nargs="*", type=Path, default=None, metavar="DIR")
+    ap.add_argument("--variant", default=None, help="with --collect: a label for runs of an older recipe")
+    ap.add_argument("--part", choices=["learn", "throughput", "reward"], default=None, help="print one table")
     a = ap.parse_args()
     if a.collect is not None:
-        collect(a.collect)
+        collect(a.collect, a.variant)
+        return
+    if a.part:
+        print({"learn": learn_tables, "throughput": throughput_table, "reward": reward_table}[a.part]())
         return
     print("### Learning on CPU\n")
     print(learn_tables())
     print("\n### Throughput against TRL\n")
     print(throughput_table())
+    print("\n### Reward computation (codegen)\n")
+    print(reward_table())
 
 
 if __name__ == "__main__":

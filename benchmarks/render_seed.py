@@ -1,7 +1,7 @@
 """Render the seed-method sections of BENCHMARKS.md from benchmarks/results/.
 
     python benchmarks/render_seed.py --collect runs/cmp/lander runs/cmp/mountaincar runs/sweep/refgrpo_lander
-    python benchmarks/render_seed.py            # prints the markdown
+    python benchmarks/render_seed.py [--part compare_lander.md|overhead|claims]   # prints the markdown
 
 ``--collect DIR...`` copies each ``reflectrl compare --out DIR`` folder's ``report.md`` to
 ``benchmarks/results/compare_{DIR name}.md``. The printout has, per collected report, its per-env
@@ -58,18 +58,23 @@ def overhead_table() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--collect", nargs="*", type=Path, default=None, metavar="DIR")
+    ap.add_argument("--part", default=None, help="print one part: a compare_*.md name, 'overhead' or 'claims'")
     a = ap.parse_args()
     if a.collect is not None:
         collect(a.collect)
         return
-    for path in sorted(RES.glob("compare_*.md")):
-        cmd, text = env_sections(path.read_text())
-        print(f"<!-- {path.name} -->\n`{cmd}`\n\n{text}")
-    print("### Overhead over PPO\n")
-    print(overhead_table())
-    claims = RES / "seed_claims.md"
-    print("\n### The seed's claims\n")
-    print(claims.read_text() if claims.exists() else "(no seed_claims result)")
+    parts = [p.name for p in sorted(RES.glob("compare_*.md"))] + ["overhead", "claims"]
+    for part in ([a.part] if a.part else parts):
+        if part == "overhead":
+            print(overhead_table())
+        elif part == "claims":
+            claims = RES / "seed_claims.md"
+            print(claims.read_text().strip() if claims.exists() else "(no seed_claims result)")
+        elif (RES / part).is_file():
+            cmd, text = env_sections((RES / part).read_text())
+            print(f"`{cmd}`\n\n{text}")
+        else:
+            print(f"({part}: not run)")
 
 
 if __name__ == "__main__":

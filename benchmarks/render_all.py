@@ -1,0 +1,41 @@
+"""Write BENCHMARKS.md: the prose of benchmarks/BENCHMARKS.in.md with every ``<!-- render: SCRIPT ARGS -->``
+marker replaced by that script's output (render_ppo.py, render_seed.py, render_llm.py: tables from the
+JSON and report files in benchmarks/results/).
+
+    python benchmarks/render_all.py            # rewrites BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import runpy
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def rendered(script: str, args: list[str]) -> str:
+    buf, argv = io.StringIO(), sys.argv
+    sys.argv = [script, *args]
+    try:
+        with contextlib.redirect_stdout(buf):
+            runpy.run_path(str(HERE / script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return buf.getvalue().strip()
+
+
+def main() -> None:
+    text = (HERE / "BENCHMARKS.in.md").read_text()
+    for marker in re.findall(r"<!-- render: (.+?) -->", text):
+        script, *args = marker.split()
+        text = text.replace(f"<!-- render: {marker} -->", rendered(script, args))
+    (HERE.parent / "BENCHMARKS.md").write_text(text)
+    print(f"wrote {HERE.parent / 'BENCHMARKS.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -47,7 +47,9 @@ def overhead_table() -> str:
     r = json.loads(path.read_text())
     rows = ["| method | wall-time ratio (median) | per round | CPU-time ratio | share of an update inside the method "
             "| bar | holds |", "|---|---|---|---|---|---|---|"]
-    for m in ("refgrpo-seed", "gear-seed", "exgrpo-seed"):
+    for m in ("refgrpo-seed", "gear-seed", "exgrpo-seed", "refgrpo-seed@alpha0"):
+        if m not in r:
+            continue
         x = r[m]
         rows.append(f"| {m} | {x['wall_ratio']:.3f} | {', '.join(f'{v:.3f}' for v in x['wall_ratios'])} | "
                     f"{x['cpu_ratio']:.3f} | {100 * x['method_share_of_update']:.1f}% | <= {x['bar']:.2f} | "

@@ -36,7 +36,7 @@ def env_sections(report: str) -> tuple[str, str]:
     cmd = re.search(r"```\n(reflectrl compare .*?)\n```", report, re.S)
     body = report.split("\n## Runs")[0]
     parts = [p for p in re.split(r"\n(?=## )", body) if p.startswith("## ") and not p.startswith("## Runs")]
-    text = "\n".join("#" + p.strip() + "\n" for p in parts)  # one heading level down
+    text = "\n".join("##" + p.strip() + "\n" for p in parts)  # two heading levels down
     return (cmd.group(1) if cmd else "?"), text
 
 

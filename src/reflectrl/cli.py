@@ -122,7 +122,7 @@ def _delegate(module: str, func: str = "main"):
 
 
 def cmd_demo(argv: list[str]) -> int:
-    """``reflectrl demo``: a quick comparison of ppo, refgrpo-seed and gear-seed on LunarLander-v3."""
+    """``reflectrl demo``: a quick comparison of ppo, refgrpo-seed and gear-seed on LunarLander-v3 (its tuned preset)."""
     ap = argparse.ArgumentParser(prog="reflectrl demo", description=cmd_demo.__doc__)
     ap.add_argument("--total-timesteps", type=int, default=300_000, help="steps per run (default 300000)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
@@ -134,7 +134,7 @@ def cmd_demo(argv: list[str]) -> int:
     rc = compare_main([
         "--methods", "ppo", "refgrpo-seed", "gear-seed", "--env-ids", "LunarLander-v3",
         "--seeds", str(args.seeds), "--total-timesteps", str(args.total_timesteps), "--out", args.out,
-        "--workers", str(args.workers), "--extra", "--num-envs", "8", "--num-steps", "128",
+        "--workers", str(args.workers), "--extra", "--preset", "LunarLander-v3",
     ])
     return rc
 

@@ -1,0 +1,35 @@
+"""How long does the main job take? Runs ``reflectrl demo --out OUT`` and writes its wall time.
+
+    python benchmarks/demo_time.py --out runs/demo_timing --json-out benchmarks/results/demo_time.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="demo output folder (emptied first)")
+    ap.add_argument("--json-out", type=Path, default=None)
+    a = ap.parse_args()
+    shutil.rmtree(a.out, ignore_errors=True)
+    t0 = time.perf_counter()
+    rc = subprocess.run([sys.executable, "-m", "reflectrl.cli", "demo", "--out", str(a.out)],
+                        env={**os.environ, "HF_HUB_OFFLINE": "1"}).returncode
+    res = {"benchmark": "demo_time", "rc": rc, "wall_s": round(time.perf_counter() - t0, 1), "cpus": os.cpu_count(),
+           "command": "reflectrl demo"}
+    print(json.dumps(res))
+    if a.json_out:
+        a.json_out.write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

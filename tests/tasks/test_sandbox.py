@@ -164,11 +164,10 @@ def test_huge_output_is_bounded():
     assert len(v.stdout) < 4200 and len(v.stderr) < 4200 and "truncated" in v.stdout
 
 
-def test_fork_bomb_is_contained(backend):
-    _require(backend, "process_limit")
-    _require(backend, "kill_all_descendants")
+def fork_bomb() -> tuple[str, str]:
+    """A unique ``sleep`` argument and code whose ``bomb()`` forks detached ``sleep MARKER`` processes forever."""
     marker = f"{3000 + random.randrange(1000)}.{random.randrange(10**6):06d}"
-    code = textwrap.dedent(f"""
+    return marker, textwrap.dedent(f"""
         import os
         def bomb():
             while True:
@@ -180,6 +179,12 @@ def test_fork_bomb_is_contained(backend):
                 except OSError:
                     pass
     """)
+
+
+def test_fork_bomb_is_contained(backend):
+    _require(backend, "process_limit")
+    _require(backend, "kill_all_descendants")
+    marker, code = fork_bomb()
     v = run_tests(code, "assert bomb()", timeout_s=1.0, max_processes=32, backend=backend)
     assert v.status == "timeout"
     assert _running_with(marker) == []
@@ -506,19 +511,7 @@ def test_batch_leftover_processes_and_files_do_not_reach_the_next_job(batch_back
 
 def test_batch_fork_bomb_then_clean_job(batch_backend):
     _require(batch_backend, "process_limit")
-    marker = f"{3000 + random.randrange(1000)}.{random.randrange(10**6):06d}"
-    bomb = textwrap.dedent(f"""
-        import os
-        def bomb():
-            while True:
-                try:
-                    if os.fork() == 0:
-                        os.setsid()
-                        if os.fork() == 0:
-                            os.execv("/bin/sleep", ["sleep", "{marker}"])
-                except OSError:
-                    pass
-    """)
+    marker, bomb = fork_bomb()
     verdicts = _batch_only([(bomb, "assert bomb()"), (SOLUTION, TESTS)], batch_backend, timeout_s=1.0,
                            max_processes=32)
     assert [v.status for v in verdicts] == ["timeout", "passed"]

@@ -110,11 +110,17 @@ def reward_table() -> str:
     r = json.loads(path.read_text())
     rows = ["| sandbox use | reward-wait share of a step (per round) | s per step | reward threads' s per step |",
             "|---|---|---|---|"]
-    for key, label in (("per_job", "one sandbox per completion"), ("batch", f"batches of {r['sandbox_batch']}")):
-        x = r[key]
+    runs = [(r, "per_job", "one sandbox per completion"),
+            (r, "batch", f"batches of {r['sandbox_batch']}, kept runners, old log-probs during the wait")]
+    before = RES / "reward_overlap_before.json"
+    if before.exists():  # the same benchmark before kept runners and the early old-log-prob pass
+        runs.append((json.loads(before.read_text()), "batch", "batches of 16, one launch per batch, "
+                     "old log-probs after the wait (earlier code)"))
+    for res, key, label in runs:
+        x = res[key]
         rows.append(f"| {label} | {100 * x['reward_wait_fraction']:.1f}% "
-                    f"({', '.join(f'{100 * v:.1f}%' for v in x['rounds_wait_fraction'])}) | {x['step_s']:.1f} | "
-                    f"{x['reward_cpu_s_per_step']:.1f} |")
+                    f"({', '.join(f'{100 * v:.1f}%' for v in x['rounds_wait_fraction'])}) | {x['step_s']:.2f} | "
+                    f"{x['reward_cpu_s_per_step']:.2f} |")
     return "\n".join(rows) + (f"\n\n{r['rounds']} alternating rounds of {r['updates']} GRPO updates each, "
                                f"{r['rows_per_update']} completions per update in chunks of {r['gen_batch']}, "
                                f"from `{r['model']}`, {r['cpus']} CPUs.")

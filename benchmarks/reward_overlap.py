@@ -7,7 +7,8 @@ a short GRPO run on ``codegen`` from a warm-up checkpoint with
 
 * ``per_job``: ``--sandbox-batch 1`` (one sandbox launch per completion, one env step per reward thread), and
 * ``batch``:   ``--sandbox-batch N`` (the rollout scores each generated chunk with one call; the task runs
-  the chunk's tests N jobs per sandbox launch, each job in its own forked process),
+  the chunk's tests N jobs per sandbox launch, each job in its own forked process; the task's sandbox
+  pool keeps its batch runners between calls),
 
 and prints one JSON line: per mode the reward-wait fraction (sum of ``time/reward_wait`` over sum of
 ``time/iteration``), seconds per step, seconds of reward calls per step (``time/reward``, summed over the

@@ -142,3 +142,46 @@ def test_batch_scoring_error_names_the_task(tiny_policy):
     with pytest.raises(ReflectRLError, match=r"\(score_batch\) raised RuntimeError: verifier down"):
         ro.run(task.problems("train")[:2], 2, torch.Generator().manual_seed(0))
     ro.close()
+
+
+def test_start_returns_before_last_rewards_and_finish_equals_run(tiny_policy):
+    """``Rollout.start`` hands back the batch's final tokens while the last chunk's rewards are still
+    computing; ``finish`` fills them into that batch, equal to a plain ``run`` with the same seed."""
+    import threading
+
+    gate = threading.Event()
+
+    class Gated(type(get_task("toy-add"))):
+        def score_batch(self, problems, texts):
+            gate.wait(10)
+            return [(self.score(p, t), {"n": len(t)}) for p, t in zip(problems, texts)]
+
+    task = Gated()
+    probs = task.problems("train")[:3]
+    ro = Rollout(tiny_policy, make_engine("torch", tiny_policy), task, max_new_tokens=3, gen_batch=4,
+                 reward_cache=0)
+    pending = ro.start(probs, 4, torch.Generator().manual_seed(3))
+    assert not pending.finished  # the gate is closed: no reward can have arrived
+    early = pending.tokens()
+    early.old_logp = torch.zeros(early.rows, early.steps)  # what the trainer sets in between is kept
+    gate.set()
+    batch, stats = pending.finish()
+    assert batch is early and pending.finished and batch.old_logp is not None
+    assert stats.env_wait_s >= 0
+    ref, _ = ro.run(probs, 4, torch.Generator().manual_seed(3))
+    ro.close()
+    for name in ("response_ids", "completion_mask", "token_rewards", "scores", "correct", "truncated"):
+        assert torch.equal(getattr(batch, name), getattr(ref, name)), name
+    assert batch.infos == ref.infos and all(len(i) == 1 for i in batch.infos)
+
+
+def test_start_multi_turn_defers_only_the_last_turn(tiny_policy):
+    task = get_task("toy-guess")
+    probs = task.problems("train")[:2]
+    ro = Rollout(tiny_policy, make_engine("torch", tiny_policy), task, max_new_tokens=2, max_turns=3, gen_batch=3)
+    pending = ro.start(probs, 3, torch.Generator().manual_seed(5))
+    batch, _ = pending.finish()
+    ref, _ = ro.run(probs, 3, torch.Generator().manual_seed(5))
+    ro.close()
+    for name in ("response_ids", "completion_mask", "feedback_mask", "token_rewards", "scores", "truncated"):
+        assert torch.equal(getattr(batch, name), getattr(ref, name)), name

@@ -165,3 +165,54 @@ def test_method_hook_shapes_rewards_and_weights(tiny_dir, tmp_path):
     assert torch.equal(b.token_rewards[:, 1], 2 * torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0]))
     assert torch.allclose(b.advantages, ref, atol=1e-5)  # GRPO's std normalization absorbs the doubling
     assert (b.weights == 0.5).all()
+
+
+def test_prepare_overlaps_last_rewards_with_same_numbers(tiny_dir, tmp_path):
+    """The old-log-prob pass runs while the last chunk's rewards are computing; with a hook that reads
+    the rollout first, it runs after them. Both orders train to the same numbers."""
+    import time
+
+    def run(name, hooks):
+        t = GRPO(cfg(tiny_dir, tmp_path, name=name, updates=2, minibatches=2, learning_rate=1e-2), hooks=hooks)
+        starts, ends = [], []
+        task = t.rollout.task
+        score = task.score
+
+        def slow(problem, completion):
+            time.sleep(0.15)
+            out = score(problem, completion)
+            ends.append(time.perf_counter())
+            return out
+
+        task.score = slow  # the single-turn env calls task.score on the reward threads
+        prepare = t.prepare
+
+        def watched(batch):
+            started = time.perf_counter()
+            prepare(batch)
+            starts.append(started)
+
+        t.prepare = watched
+
+        def one():
+            ends.clear()
+            rec = t.iteration()[0]
+            return rec, starts[-1] < max(ends)  # did prepare start before the last reward came in?
+
+        out = [one() for _ in range(2)]
+        recs = [r for r, _ in out]
+        seen = [o for _, o in out]
+        t.rollout.close()
+        return seen, recs, t.policy.trainable_state()
+
+    class Reader:  # after_rollout: sees the finished batch before prepare
+        def after_rollout(self, trainer, batch):
+            assert batch.scores.shape[0] == batch.rows
+            return None
+
+    seen_early, recs_early, state_early = run("early", [])
+    seen_late, recs_late, state_late = run("late", [Reader()])
+    assert seen_early == [True, True] and seen_late == [False, False]
+    numbers = lambda r: {k: v for k, v in r.items() if not k.startswith("time/") and k != "charts/tokens_per_s"}
+    assert [numbers(r) for r in recs_early] == [numbers(r) for r in recs_late]
+    assert all(torch.equal(state_early[k], state_late[k]) for k in state_early)

@@ -8,6 +8,7 @@ import random
 import socket
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -469,7 +470,9 @@ def test_batch_bad_job_raises_naming_it():
     assert sb.run_tests_batch([]) == []
 
 
-def test_batch_leftover_processes_and_files_do_not_reach_the_next_job(batch_backend):
+def leftover_jobs() -> tuple[str, tuple[str, str], tuple[str, str]]:
+    """A job that leaves a daemonized process, files (one in an unreadable dir) and a /tmp write
+    attempt behind, and a job whose tests check that none of it is there: (marker, leave, look)."""
     marker = f"{3000 + random.randrange(1000)}.{random.randrange(10**6):06d}"
     leave = SOLUTION + textwrap.dedent(f"""
         import os
@@ -503,8 +506,12 @@ def test_batch_leftover_processes_and_files_do_not_reach_the_next_job(batch_back
     """)
     checks = (TESTS + "assert others() == []\nassert os.listdir('.') == []\n"
               f"assert not os.path.exists('/tmp/reflectrl-left-{marker}')\n")
-    verdicts = _batch_only([(leave, TESTS + "assert not tmp_write()\n"), (look, checks), (look, checks)],
-                           batch_backend)
+    return marker, (leave, TESTS + "assert not tmp_write()\n"), (look, checks)
+
+
+def test_batch_leftover_processes_and_files_do_not_reach_the_next_job(batch_backend):
+    marker, leave, look = leftover_jobs()
+    verdicts = _batch_only([leave, look, look], batch_backend)
     assert [_key(v) for v in verdicts] == [("passed", 4, 4), ("passed", 6, 6), ("passed", 6, 6)]
     assert _running_with(marker) == []
 
@@ -610,3 +617,70 @@ def test_pool_map_batched():
         verdicts = pool.map_batched(items, batch_size=4)
         assert [v.status for v in verdicts] == ["passed", "failed", "error"] * 3
         assert pool.submit_batch([(SOLUTION, TESTS)]).result()[0].status == "passed"
+
+
+class _CountingRunner(sb._BatchRunner):
+    launched = 0
+
+    def __init__(self, *args, **kw):
+        type(self).launched += 1
+        super().__init__(*args, **kw)
+
+
+def _warm_pool(monkeypatch, slots, **kw):
+    counting = type("Counting", (_CountingRunner,), {"launched": 0})
+    monkeypatch.setattr(sb, "_BatchRunner", counting)
+    return SandboxPool(max_workers=1, warm_slots=slots, **kw), counting
+
+
+def test_warm_pool_keeps_runners_between_calls_with_the_same_verdicts(batch_backend, monkeypatch):
+    """A kept runner serves successive calls; when its slots are used up a fresh one is launched at
+    once; every verdict equals the one-launch-per-batch verdict."""
+    jobs = MIXED_JOBS[:4] + MIXED_JOBS[7:9]
+    kw = {"timeout_s": 1.0, "memory_mb": 128, "backend": batch_backend}
+    cold = [_key(v) for v in sb.run_tests_batch(jobs, batch_size=len(jobs), **kw)]
+    pool, counting = _warm_pool(monkeypatch, 12, **kw)
+    with pool:
+        for call in range(3):
+            assert [_key(v) for v in pool.map_batched(jobs, batch_size=len(jobs))] == cold
+            assert counting.launched == (1 if call == 0 else 2)  # the successor comes after call 2
+            kept = pool._idle[0]
+            assert len(pool._idle) == 1 and kept.used == (6, 0, 6)[call]
+    assert pool._idle == []  # shutdown closed it
+    assert kept.proc.poll() is not None
+
+
+def test_warm_runner_leftovers_do_not_reach_the_next_call(batch_backend, monkeypatch):
+    marker, leave, look = leftover_jobs()
+    pool, counting = _warm_pool(monkeypatch, 8, timeout_s=5.0, backend=batch_backend)
+    with pool:
+        first = pool.map_batched([leave, look], batch_size=2)
+        time.sleep(0.3)  # the runner idles between calls
+        second = pool.map_batched([look, look], batch_size=2)
+    assert counting.launched == 1
+    assert [_key(v) for v in first + second] == [("passed", 4, 4)] + [("passed", 6, 6)] * 3
+    assert _running_with(marker) == []
+
+
+def test_warm_runner_fork_bomb_then_clean_call(batch_backend, monkeypatch):
+    _require(batch_backend, "process_limit")
+    marker, bomb = fork_bomb()
+    pool, _ = _warm_pool(monkeypatch, 8, timeout_s=1.0, max_processes=32, backend=batch_backend)
+    with pool:
+        first = pool.map_batched([(bomb, "assert bomb()"), (SOLUTION, TESTS)], batch_size=2)
+        second = pool.map_batched([(SOLUTION, TESTS), (WRONG, TESTS)], batch_size=2)
+    assert [v.status for v in first + second] == ["timeout", "passed", "passed", "failed"]
+    assert _running_with(marker) == []
+
+
+def test_warm_runner_death_falls_back_and_is_not_kept(batch_backend, monkeypatch):
+    dying = sb._BATCH_RUNNER.replace('        say("end %d', '        if index == 1:\n            os._exit(1)\n'
+                                     '        say("end %d', 1)
+    monkeypatch.setattr(sb, "_BATCH_RUNNER", dying)
+    pool, counting = _warm_pool(monkeypatch, 8, backend=batch_backend)
+    with pool:
+        jobs = [(SOLUTION, TESTS), (SOLUTION, TESTS), (WRONG, TESTS)]
+        assert [v.status for v in pool.map_batched(jobs, batch_size=3)] == ["passed", "passed", "failed"]
+        assert pool._idle == [] and counting.launched == 1  # the broken runner is closed, not replaced
+        assert [v.status for v in pool.map_batched(jobs[::-1], batch_size=3)] == ["failed", "passed", "passed"]
+        assert counting.launched == 2

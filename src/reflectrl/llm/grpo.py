@@ -439,13 +439,23 @@ class GRPO:
         t0 = time.perf_counter()
         chosen = [p for p in _call(self.hooks, "select_problems", self, cfg.prompts_per_update) if p is not None]
         problems = chosen[0] if chosen else self.next_problems(cfg.prompts_per_update)
-        batch, rstats = self.rollout.run(problems, cfg.group_size, self.gen,
-                                         index_offset=(self.update_idx - 1) * cfg.prompts_per_update)
+        pending = self.rollout.start(problems, cfg.group_size, self.gen,
+                                     index_offset=(self.update_idx - 1) * cfg.prompts_per_update)
+        t_gen = time.perf_counter()
+        # The no-grad pass needs only the tokens: run it while the last chunk's rewards are computed,
+        # unless a hook may change the batch after the rollout (it sees the rewards first).
+        early = not pending.finished and not any(hasattr(h, "after_rollout") for h in self.hooks)
+        if early:
+            self.prepare(pending.tokens())
+        t_prep = time.perf_counter()
+        batch, rstats = pending.finish()
+        t_wait = time.perf_counter()
         self.global_step += batch.rows
         for new in _call(self.hooks, "after_rollout", self, batch):
             batch = new if new is not None else batch
+        if not early:
+            self.prepare(batch)
         t1 = time.perf_counter()
-        self.prepare(batch)
         self.advantages(batch)
         _call(self.hooks, "after_advantages", self, batch)
         rec = {"update": self.update_idx, "global_step": self.global_step, **self.reward_metrics(batch)}
@@ -460,7 +470,8 @@ class GRPO:
         t2 = time.perf_counter()
         rec.update(losses)
         rec.update(rstats.as_metrics())
-        rec.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/iteration": t2 - t0,
+        rec.update({"time/rollout": (t_gen - t0) + (t_wait - t_prep), "time/prepare": (t_prep - t_gen) + (t1 - t_wait),
+                    "time/update": t2 - t1, "time/iteration": t2 - t0,
                     "time/reward_fraction": rstats.env_wait_s / max(t2 - t0, 1e-9),
                     "charts/tokens_per_s": rstats.generated_tokens / max(t2 - t0, 1e-9)})
         for m in _call(self.hooks, "metrics"):

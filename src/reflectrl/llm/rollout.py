@@ -610,6 +610,14 @@ class Rollout:
     def run(self, problems: Sequence[Problem], group_size: int, generator: torch.Generator,
             greedy: bool = False, index_offset: int = 0) -> tuple[TokenBatch, RolloutStats]:
         """``group_size`` episodes of each problem; rows ``g*i .. g*i+g-1`` form group ``index_offset + i``."""
+        return self.start(problems, group_size, generator, greedy, index_offset).finish()
+
+    def start(self, problems: Sequence[Problem], group_size: int, generator: torch.Generator,
+              greedy: bool = False, index_offset: int = 0) -> "PendingRollout":
+        """Generate every turn, but do not wait for the last turn's rewards: the returned
+        :class:`PendingRollout` holds the batch (its tokens and masks are final, its rewards not yet
+        filled in) and ``finish()`` waits for the rewards and fills them in. The trainer runs its
+        no-grad pass (old log-probs) on the batch in between, while the rewards are computed."""
         stats = RolloutStats()
         if not self.reward_cache_size:
             self._cache.clear()  # duplicates within one rollout are still scored once
@@ -624,15 +632,23 @@ class Rollout:
                 encoded[text] = list(self.encode_prompt(text))
             row.prompt_ids = encoded[text]
             row.transcript.append(("prompt", text))
+        last: tuple[list, int] | None = None
         for turn in range(self.max_turns):
             active = [r for r in rows if not r.done]
             if not active:
                 break
-            self._turn(active, turn, generator, greedy, stats)
+            pending = self._generate(active, generator, greedy, stats)
+            if turn == self.max_turns - 1:  # every row ends here, whatever its env says: rewards can wait
+                last = (pending, turn)
+                break
+            self._apply(pending, turn, self._wait([p[-1] for p in pending], stats, timed=True))
         index = [index_offset + i // group_size for i in range(len(rows))]
+        return PendingRollout(self, rows, index, stats, last)
+
+    def _results(self, rows: list[_Row], index: list[int]) -> TokenBatch:
         results = [RowResult(r.prompt_ids, r.segments, None, r.score, r.correct, r.truncated, r.transcript, r.infos)
                    for r in rows]
-        return build_batch(results, index, [r.problem for r in rows], self.policy.pad_id), stats
+        return build_batch(results, index, [r.problem for r in rows], self.policy.pad_id)
 
     def _budget(self, row: _Row) -> int:
         left = self.max_response_tokens - row.used
@@ -640,9 +656,10 @@ class Rollout:
             left = min(left, self.max_positions - len(row.prompt_ids) - row.used)
         return min(self.max_new_tokens, left)
 
-    def _turn(self, active: list[_Row], turn: int, generator: torch.Generator, greedy: bool,
-              stats: RolloutStats) -> None:
-        """Generate one completion for each active row (in chunks) and step its env as chunks finish."""
+    def _generate(self, active: list[_Row], generator: torch.Generator, greedy: bool,
+                  stats: RolloutStats) -> list[tuple[_Row, list[int], int, bool, Future]]:
+        """Generate one completion for each active row (in chunks), submitting each chunk's env steps
+        (or batch reward) as soon as it is generated; return ``(row, ids, budget, stopped, future)``."""
         pending: list[tuple[_Row, list[int], int, bool, Future]] = []
         live = []
         for row in active:
@@ -667,7 +684,11 @@ class Rollout:
                 row.transcript.append(("policy", text))
             futures = self._score_chunk([(d[0], d[-1]) for d in done], stats)
             pending += [(row, ids, budget, stopped, f) for (row, ids, budget, stopped, _), f in zip(done, futures)]
-        results = self._wait([p[-1] for p in pending], stats, timed=True)
+        return pending
+
+    def _apply(self, pending: list[tuple[_Row, list[int], int, bool, Future]], turn: int,
+               results: list[tuple[str, float, bool, dict]]) -> None:
+        """Record one turn's env results: the policy segment and its reward, the feedback segment."""
         for (row, ids, budget, stopped, _), (feedback, reward, done, info) in zip(pending, results):
             row.segments.append(Segment(list(ids), "policy", turn, float(reward)))
             row.used += len(ids)
@@ -766,3 +787,48 @@ class Rollout:
         if timed:
             stats.env_wait_s += time.perf_counter() - t0
         return out
+
+
+class PendingRollout:
+    """A rollout whose last turn's rewards may still be computing (see :meth:`Rollout.start`).
+
+    ``tokens()`` is the batch with its final tokens and masks; ``finish()`` waits for the rewards and
+    fills ``token_rewards``, ``scores``, ``correct``, ``truncated`` and ``infos`` of that same batch in
+    place (whatever was set on it in between, such as ``old_logp``, is kept)."""
+
+    def __init__(self, rollout: Rollout, rows: list[_Row], index: list[int], stats: RolloutStats,
+                 last: tuple[list, int] | None):
+        self._rollout, self._rows, self._index, self.stats, self._last = rollout, rows, index, stats, last
+        self._batch: TokenBatch | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self._last is None
+
+    def tokens(self) -> TokenBatch:
+        if self._batch is None:
+            last = self._last or ([], 0)
+            for row, ids, *_ in last[0]:  # the last turn's completions, their rewards not yet known
+                row.segments.append(Segment(list(ids), "policy", last[1]))
+            try:
+                self._batch = self._rollout._results(self._rows, self._index)
+            finally:
+                for row, *_ in last[0]:
+                    row.segments.pop()
+        return self._batch
+
+    def finish(self) -> tuple[TokenBatch, RolloutStats]:
+        """Wait for the last turn's rewards; return the complete batch and the rollout's timings."""
+        ro = self._rollout
+        if self._last is not None:
+            pending, turn = self._last
+            self._last = None
+            ro._apply(pending, turn, ro._wait([p[-1] for p in pending], self.stats, timed=True))
+        full = ro._results(self._rows, self._index)
+        if self._batch is None:
+            self._batch = full
+        else:
+            b = self._batch
+            b.token_rewards, b.scores, b.correct, b.truncated = full.token_rewards, full.scores, full.correct, full.truncated
+            b.infos = full.infos
+        return self._batch, self.stats

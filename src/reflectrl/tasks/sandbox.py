@@ -7,6 +7,7 @@ rlimits); see ``docs/sandbox.md`` for the threat model and ``sandbox_capabilitie
 from __future__ import annotations
 
 import ast
+import atexit
 import json
 import logging
 import marshal
@@ -22,6 +23,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
@@ -115,10 +117,15 @@ def read_job():
     return marshal.loads(b"".join(chunks))
 
 
+_LIBC = []
+
+
 def libc():
-    """ctypes and the C library (imported only where needed: it costs a few ms)."""
-    import ctypes
-    return ctypes, ctypes.CDLL(None, use_errno=True)
+    """ctypes and the C library, loaded once per process (a batch runner's children inherit it)."""
+    if not _LIBC:
+        import ctypes
+        _LIBC.append((ctypes, ctypes.CDLL(None, use_errno=True)))
+    return _LIBC[0]
 
 
 def mounter():
@@ -187,16 +194,17 @@ def set_limits(limits):
     return "limits_failed=" + ",".join(failed) if failed else ""
 
 
-def caps(field):
-    """A capability mask (CapEff, CapPrm, ...) of this process."""
+def caps(*fields):
+    """The OR of capability masks (CapEff, CapPrm, ...) of this process."""
+    mask = 0
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1], 16)
+                if line.split(":", 1)[0] in fields:
+                    mask |= int(line.split()[1], 16)
     except OSError:
         pass
-    return 0
+    return mask
 
 
 def drop_privileges(uid):
@@ -221,13 +229,13 @@ def drop_privileges(uid):
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-    elif caps("CapEff") or caps("CapPrm"):
+    elif caps("CapEff", "CapPrm"):
         class Header(ctypes.Structure):
             _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
         data = (ctypes.c_uint32 * 6)()
         if lib.capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
             raise OSError(ctypes.get_errno(), "capset failed")
-    if caps("CapEff") or caps("CapPrm"):
+    if caps("CapEff", "CapPrm"):
         raise RuntimeError("capabilities are still held")
 
 
@@ -1172,6 +1180,20 @@ _BATCH_SETUP_S = 0.05  # allowance for the child's own set-up (rlimits, privileg
 _BATCH_SLACK_S = 2.0  # how far past a job's limit the parent waits for the runner's report before giving up
 _BATCH_GAP_S = 10.0  # time allowed between two jobs (sweep, wipe, reading the next job)
 _BATCH_BROKEN: dict[str, str] = {}  # backend/variant -> why its batch runner cannot start here
+_WARM_SLOTS = 64  # jobs one kept runner serves before a fresh one replaces it (SandboxPool, warm=True)
+
+
+def _warm_slots(workers: int) -> int:
+    """Slots per kept runner: ``_WARM_SLOTS``, fewer where the open-file limit is low (the parent holds
+    three pipe ends per slot, for up to two runners per worker; a quarter of the limit is used)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        soft = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    return max(2, min(_WARM_SLOTS, soft // 4 // (6 * max(1, workers))))
 
 
 class _BatchJob:
@@ -1249,112 +1271,184 @@ def _batchable(backend: _Backend) -> bool:
         and _batch_key(backend) not in _BATCH_BROKEN
 
 
-def _launch_batch(backend: _Backend, jobs: list[tuple[str, str]], work: str, uid: int | None, mode: int,
-                  limits: dict, timeout_s: float, max_bytes: int) -> tuple[list[_BatchJob], _Control, str]:
-    """Start one batch runner, feed it the jobs, collect every job's pipes and the control lines."""
-    states = [_BatchJob(max_bytes) for _ in jobs]
-    sinks: dict[int, Any] = {}
-    passed: list[int] = []
-    try:
-        ctl_r, ctl_w = os.pipe()
-        control = _Control(states)
-        sinks[ctl_r] = control.feed
-        passed.append(ctl_w)
-        triples = []
-        for st in states:
-            triple = []
-            for sink in (st.raw.feed, st.stdout.feed, st.stderr.feed):
-                r, w = os.pipe()
-                sinks[r] = sink
-                passed.append(w)
-                triple.append(w)
-            triples.append(triple)
-        conf = {"control": ctl_w, "fds": triples, "workdir": work, "uid": uid, "mode": mode,
-                "timeout": timeout_s + _BATCH_SETUP_S,
-                "mounts": _mount_plan(work) if backend.name == "unshare" else None,
-                "job": {"workdir": work, "uid": uid, "limits": limits, "mounts": None}}
-        payload = _frame(conf) + b"".join(_frame({"code": c, "tests": t}) for c, t in jobs)
-        argv = _wrapper_argv(backend, work, batch=True) + [sys.executable, "-I", "-B", "-c", _BATCH_RUNNER]
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=passed, cwd=work, env=_clean_env(work), start_new_session=True)
-    except BaseException:
-        for fd in sinks:
-            os.close(fd)
-        raise
-    finally:
-        for fd in passed:
-            os.close(fd)
-    diag = _Capped(4096)
-    sinks[proc.stdout.fileno()] = sinks[proc.stderr.fileno()] = diag.feed
-    read_fds = list(sinks)
-    try:
-        _pump_batch(proc, sinks, control, payload, timeout_s)
-    finally:
-        _kill(proc, wrapped=True)
-        for fd in read_fds:
-            _drain(fd, sinks[fd])
-        for fd in read_fds:
-            if fd not in (proc.stdout.fileno(), proc.stderr.fileno()):
+class _BatchRunner:
+    """One batch runner (one sandbox launch) with ``slots`` job slots, fed jobs call by call.
+
+    The runner starts at construction and comes up in the background (so a replacement launched while
+    the trainer generates is ready when the next chunk arrives). Each :meth:`run` sends its jobs into
+    the next free slots and pumps the pipes until those jobs have ended; between calls the runner has
+    swept its namespace and wiped the work dir and waits for the next job frame. One thread at a time."""
+
+    def __init__(self, backend: _Backend, slots: int, timeout_s: float, memory_mb: int, max_bytes: int,
+                 max_processes: int):
+        self.backend, self.slots, self.timeout_s = backend, slots, timeout_s
+        self.key = (_batch_key(backend), timeout_s, memory_mb, max_bytes, max_processes)
+        self.used, self.broken = 0, False
+        self.proc: subprocess.Popen | None = None
+        self.sinks: dict[int, Any] = {}
+        self.job_fds: list[tuple[int, int, int]] = []
+        self.live: set[int] = set()
+        self.sel = selectors.DefaultSelector()
+        self._lease = _UidLease() if backend.drop_uid else _NoLease()
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._closed = False
+        self.states = [_BatchJob(max_bytes) for _ in range(slots)]
+        self.control = _Control(self.states)
+        self.diag = _Capped(4096)
+        uid = self._lease.__enter__()
+        try:
+            self._tmp = tempfile.TemporaryDirectory(prefix="reflectrl-sbx-")
+            work = self.work = self._tmp.name
+            mode = 0o700
+            if uid is not None:
+                os.chown(work, uid, uid)
+                mode = 0o711  # the wrapper (root without capabilities) must be able to enter it
+                os.chmod(work, mode)
+            limits = _limits(backend, timeout_s, memory_mb, max_processes)
+            limits["MSGQUEUE"] = [0, 0]  # no POSIX message queue: they would outlive the job in the IPC namespace
+            self._start(work, uid, mode, limits, timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, work: str, uid: int | None, mode: int, limits: dict, timeout_s: float) -> None:
+        passed: list[int] = []
+        try:
+            ctl_r, ctl_w = os.pipe()
+            self.sinks[ctl_r] = self.control.feed
+            self.ctl_fd = ctl_r
+            passed.append(ctl_w)
+            triples = []
+            for st in self.states:
+                reads, writes = [], []
+                for sink in (st.raw.feed, st.stdout.feed, st.stderr.feed):
+                    r, w = os.pipe()
+                    self.sinks[r] = sink
+                    passed.append(w)
+                    reads.append(r)
+                    writes.append(w)
+                self.job_fds.append(tuple(reads))
+                triples.append(writes)
+            conf = {"control": ctl_w, "fds": triples, "workdir": work, "uid": uid, "mode": mode,
+                    "timeout": timeout_s + _BATCH_SETUP_S,
+                    "mounts": _mount_plan(work) if self.backend.name == "unshare" else None,
+                    "job": {"workdir": work, "uid": uid, "limits": limits, "mounts": None}}
+            argv = _wrapper_argv(self.backend, work, batch=True) + [sys.executable, "-I", "-B", "-c", _BATCH_RUNNER]
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         pass_fds=passed, cwd=work, env=_clean_env(work), start_new_session=True)
+        finally:
+            for fd in passed:
                 os.close(fd)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            _close(stream)
-    return states, control, diag.text().replace(_UNSHARE_NOISE.decode(), "")
+        self.sinks[self.proc.stdout.fileno()] = self.sinks[self.proc.stderr.fileno()] = self.diag.feed
+        for fd in self.sinks:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ)
+        self.live = set(self.sinks)
+        self.stdin = self.proc.stdin.fileno()
+        os.set_blocking(self.stdin, False)
+        self.pending = memoryview(_frame(conf))
+        self._write()  # the header: the runner sets itself up while the parent does other work
+        self.launched = time.monotonic()
 
+    @property
+    def free(self) -> int:
+        return 0 if self.broken or self._closed else self.slots - self.used
 
-def _pump_batch(proc: subprocess.Popen, sinks: dict, control: _Control, payload: bytes, timeout_s: float) -> None:
-    """Feed the job stream and read every pipe until the runner is done, or a deadline passes."""
-    sel = selectors.DefaultSelector()
-    live = dict(sinks)
-    for fd in live:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
-    os.set_blocking(proc.stdin.fileno(), False)
-    sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
-    pending, start, finish_by = memoryview(payload), time.monotonic(), None
-    try:
-        while live:
+    def _write(self) -> None:
+        """Write what the job pipe takes now; keep stdin open for later calls."""
+        registered = self.stdin in self.sel.get_map()
+        try:
+            self.pending = self.pending[os.write(self.stdin, self.pending):]
+        except BlockingIOError:
+            pass
+        except BrokenPipeError:
+            self.pending = self.pending[:0]
+            self.broken = True
+        if self.pending and not registered:
+            self.sel.register(self.stdin, selectors.EVENT_WRITE)
+        elif not self.pending and registered:
+            self.sel.unregister(self.stdin)
+
+    def run(self, jobs: list[tuple[str, str]]) -> list[_BatchJob | None]:
+        """Run ``jobs`` in the next free slots; per job its collected state, or None if the runner
+        could not vouch for it (it stopped, aborted or missed a deadline: rerun that job alone)."""
+        if len(jobs) > self.free:
+            raise ValueError(f"{len(jobs)} jobs for {self.free} free slots")
+        idx = range(self.used, self.used + len(jobs))
+        self.used += len(jobs)
+        self.pending = memoryview(bytes(self.pending) + b"".join(_frame({"code": c, "tests": t}) for c, t in jobs))
+        self._write()
+        ctl = self.control
+        start = self.launched if ctl.ready is None else time.monotonic()
+        ctl.since = time.monotonic()  # the runner has been idle since the last call: no gap counts against it
+        wanted = {fd for i in idx for fd in self.job_fds[i]}
+        finish_by = None
+        while True:
+            ended = all(self.states[i].end is not None for i in idx)
+            if ended and not (wanted & self.live):
+                break
             now = time.monotonic()
-            if finish_by is None and (control.finished or control.abort is not None or _exited(proc)):
-                finish_by = now + (_GRACE_S if control.finished or control.abort else 0.2)
-            limit = min(control.deadline(timeout_s, start), finish_by or math.inf)
+            if finish_by is None and (ended or ctl.finished or ctl.abort is not None or _exited(self.proc)):
+                finish_by = now + (_GRACE_S if ended or ctl.finished or ctl.abort else 0.2)
+            limit = min(ctl.deadline(self.timeout_s, start), finish_by or math.inf)
             if now >= limit:
                 break
-            for key, _ in sel.select(min(limit - now, 0.05)):
-                if key.fd not in live:
-                    pending = _write_some(sel, proc.stdin, pending)
-                elif not _read_some(key.fd, live[key.fd]):
-                    sel.unregister(key.fd)
-                    del live[key.fd]
-    finally:
-        sel.close()
+            for key, _ in self.sel.select(min(limit - now, 0.05)):
+                if key.fd == self.stdin:
+                    self._write()
+                elif key.fd in self.live and not _read_some(key.fd, self.sinks[key.fd]):
+                    self.sel.unregister(key.fd)
+                    self.live.discard(key.fd)
+        if ctl.ready is None or ctl.abort is not None or not all(self.states[i].end is not None for i in idx) \
+                or (self.used < self.slots and (ctl.finished or _exited(self.proc))):
+            self.broken = True
+        return [self.states[i] if self.states[i].end is not None and self.states[i].nonce is not None else None
+                for i in idx]
+
+    def report_failure(self) -> None:
+        """Log (once per runner) why it stopped vouching for jobs; remember a runner that cannot start."""
+        ctl = self.control
+        if ctl.ready is None:
+            reason = ctl.abort or self.diag.text().replace(_UNSHARE_NOISE.decode(), "")[-300:].strip() or "no report"
+            if ctl.abort and ctl.abort.startswith("-1 "):
+                _BATCH_BROKEN[_batch_key(self.backend)] = reason
+            log.warning("sandbox batch runner (%s) did not start: %s; running these jobs one per sandbox",
+                        self.backend.name, reason)
+        elif ctl.abort:
+            log.warning("sandbox batch (%s) stopped early: %s; the rest run one per sandbox",
+                        self.backend.name, ctl.abort)
+
+    def close(self) -> None:
+        """Kill the runner (and with it its namespace), collect what is left, remove the work dir."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.proc is not None:
+                _kill(self.proc, wrapped=True)
+                for fd in list(self.sinks):
+                    _drain(fd, self.sinks[fd])
+                for fd in self.sinks:
+                    if fd not in (self.proc.stdout.fileno(), self.proc.stderr.fileno()):
+                        os.close(fd)
+                for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                    _close(stream)
+            else:
+                for fd in self.sinks:
+                    os.close(fd)
+            self.sel.close()
+            if self._tmp is not None:
+                _make_removable(self._tmp.name)
+                self._tmp.cleanup()
+        finally:
+            self._lease.__exit__(None, None, None)
 
 
-def _execute_batch(backend: _Backend, jobs: list[tuple[str, str]], timeout_s: float, memory_mb: int,
-                   max_bytes: int, max_processes: int) -> list[Verdict | None]:
-    """One sandbox launch for all `jobs`; None for a job the batch could not vouch for (rerun it alone)."""
-    parsed = [_parse_tests(tests) for _, tests in jobs]
-    lease = _UidLease() if backend.drop_uid else _NoLease()
-    with lease as uid, tempfile.TemporaryDirectory(prefix="reflectrl-sbx-") as work:
-        mode = 0o700
-        if uid is not None:
-            os.chown(work, uid, uid)
-            mode = 0o711  # the wrapper (root without capabilities) must be able to enter it
-            os.chmod(work, mode)
-        limits = _limits(backend, timeout_s, memory_mb, max_processes)
-        limits["MSGQUEUE"] = [0, 0]  # no POSIX message queue: they would outlive the job in the IPC namespace
-        states, control, diag = _launch_batch(backend, jobs, work, uid, mode, limits, timeout_s, max_bytes)
-        _make_removable(work)
-    if control.ready is None:
-        reason = control.abort or diag[-300:].strip() or "no report"
-        if control.abort and control.abort.startswith("-1 "):
-            _BATCH_BROKEN[_batch_key(backend)] = reason
-        log.warning("sandbox batch runner (%s) did not start: %s; running these jobs one per sandbox",
-                    backend.name, reason)
-    elif control.abort:
-        log.warning("sandbox batch (%s) stopped early: %s; the rest run one per sandbox", backend.name, control.abort)
+def _verdicts_of(states: list[_BatchJob | None], jobs: list[tuple[str, str]]) -> list[Verdict | None]:
+    """Verdicts from what a batch collected; None where the sandbox, not the code, failed."""
     out: list[Verdict | None] = []
-    for st, (assert_indices, n_statements) in zip(states, parsed):
-        if st.end is None or st.nonce is None:
+    for st, (_, tests) in zip(states, jobs):
+        if st is None:
             out.append(None)
             continue
         chan = _Channel(st.nonce.decode())
@@ -1363,10 +1457,24 @@ def _execute_batch(backend: _Backend, jobs: list[tuple[str, str]], timeout_s: fl
         if setup is None or not setup[0]:
             out.append(None)  # the sandbox, not the code, failed: the single run reports it properly
             continue
+        assert_indices, n_statements = _parse_tests(tests)
         timed_out, returncode, duration = st.end
         seen = _Outcome(chan, st.stdout, st.stderr, returncode, timed_out and not chan.finished(), duration)
         out.append(_verdict(seen, assert_indices, n_statements))
     return out
+
+
+def _execute_batch(backend: _Backend, jobs: list[tuple[str, str]], timeout_s: float, memory_mb: int,
+                   max_bytes: int, max_processes: int) -> list[Verdict | None]:
+    """One sandbox launch for all `jobs`; None for a job the batch could not vouch for (rerun it alone)."""
+    runner = _BatchRunner(backend, len(jobs), timeout_s, memory_mb, max_bytes, max_processes)
+    try:
+        states = runner.run(jobs)
+    finally:
+        runner.close()
+    if runner.broken:
+        runner.report_failure()
+    return _verdicts_of(states, jobs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1486,13 +1594,34 @@ def run_tests_batch(jobs: Iterable[tuple[str, str]], timeout_s: float = 5.0, mem
     return verdicts  # type: ignore[return-value]
 
 
-class SandboxPool:
-    """Parallel verdicts: a thread pool, each thread driving one sandboxed subprocess (or batch) at a time."""
+_POOLS: "weakref.WeakSet[SandboxPool]" = weakref.WeakSet()
 
-    def __init__(self, max_workers: int | None = None, **run_kwargs):
+
+@atexit.register
+def _close_kept_runners() -> None:
+    for pool in list(_POOLS):
+        pool.close_runners()
+
+
+class SandboxPool:
+    """Parallel verdicts: a thread pool, each thread driving one sandboxed subprocess (or batch) at a time.
+
+    With ``warm=True`` (default) batches go to batch runners the pool keeps between calls: a runner
+    serves up to ``warm_slots`` jobs over successive calls, and when it is used up a replacement is
+    launched at once, so it comes up while the caller does other work (see docs/sandbox.md, "Batch
+    mode"). ``warm=False`` makes one sandbox launch per batch."""
+
+    def __init__(self, max_workers: int | None = None, warm: bool = True, warm_slots: int | None = None,
+                 **run_kwargs):
         self._kwargs = run_kwargs
         self.max_workers = max_workers or os.cpu_count() or 1
         self._executor = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="reflectrl-sandbox")
+        self.warm = warm
+        self.warm_slots = warm_slots or _warm_slots(self.max_workers)
+        self._idle: list[_BatchRunner] = []
+        self._idle_lock = threading.Lock()
+        self._closed = False
+        _POOLS.add(self)
 
     def submit(self, code: str, tests: str, **run_kwargs) -> Future:
         """Schedule one run; the Future resolves to a Verdict."""
@@ -1500,7 +1629,90 @@ class SandboxPool:
 
     def submit_batch(self, jobs: Sequence[tuple[str, str]], **run_kwargs) -> Future:
         """Schedule `run_tests_batch` on one worker; the Future resolves to a list of Verdicts."""
-        return self._executor.submit(run_tests_batch, list(jobs), **{**self._kwargs, **run_kwargs})
+        kwargs = {**self._kwargs, **run_kwargs}
+        if self.warm:
+            return self._executor.submit(self._run_warm, list(jobs), kwargs)
+        return self._executor.submit(run_tests_batch, list(jobs), **kwargs)
+
+    def _run_warm(self, jobs: list[tuple[str, str]], kwargs: dict) -> list[Verdict]:
+        """`run_tests_batch` on a kept runner (same checks, same verdicts, same fallback to one per job)."""
+        kw = {"timeout_s": 5.0, "memory_mb": 512, "max_output_bytes": 4096, "max_processes": 64, **kwargs}
+        backend_name, batch_size = kw.pop("backend", None), kw.pop("batch_size", BATCH_SIZE)
+        chosen = _select(backend_name)
+        if len(jobs) < 2 or len(jobs) > min(batch_size, self.warm_slots) or not _batchable(chosen) or self._closed:
+            return run_tests_batch(jobs, backend=backend_name, batch_size=batch_size, **kw)
+        for i, (code, tests) in enumerate(jobs):
+            try:
+                check_job(code, tests, **kw)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"job {i}: {exc}") from None
+        timeout_s, memory_mb = float(kw["timeout_s"]), kw["memory_mb"]
+        key = (_batch_key(chosen), timeout_s, memory_mb, kw["max_output_bytes"], kw["max_processes"])
+        verdicts: list[Verdict | None] = [None] * len(jobs)
+        try:
+            runner = self._take(key, len(jobs)) or _BatchRunner(chosen, self.warm_slots, timeout_s, memory_mb,
+                                                               kw["max_output_bytes"], kw["max_processes"])
+        except (SandboxError, OSError) as exc:
+            log.warning("sandbox batch (%s) failed: %s; running its jobs one per sandbox", chosen.name, exc)
+            runner = None
+        if runner is not None:
+            try:
+                verdicts = _verdicts_of(runner.run(jobs), jobs)
+            except (SandboxError, OSError) as exc:
+                log.warning("sandbox batch (%s) failed: %s; running its jobs one per sandbox", chosen.name, exc)
+                runner.broken = True
+            finally:
+                self._give_back(runner, len(jobs))
+        for i, verdict in enumerate(verdicts):
+            if verdict is None:
+                code, tests = jobs[i]
+                verdicts[i] = _execute(chosen, code, tests, timeout_s, memory_mb, kw["max_output_bytes"],
+                                       kw["max_processes"])[0]
+        return verdicts  # type: ignore[return-value]
+
+    def _take(self, key: tuple, n: int) -> _BatchRunner | None:
+        """An idle runner for these limits with room for ``n`` jobs; one of them with too little room
+        left is closed (calls this size would never use it)."""
+        found, stale = None, []
+        with self._idle_lock:
+            for r in list(self._idle):
+                if r.key == key and found is None and r.free >= n:
+                    found = r
+                    self._idle.remove(r)
+                elif r.key == key and r.free < n:
+                    stale.append(r)
+                    self._idle.remove(r)
+        for r in stale:
+            r.close()
+        return found
+
+    def _give_back(self, runner: _BatchRunner, n: int) -> None:
+        """Keep a runner with room for another call like this one; else close it and launch its successor."""
+        if runner.broken:
+            runner.report_failure()
+        if runner.free >= n and not self._closed:
+            with self._idle_lock:
+                self._idle.append(runner)
+            return
+        runner.close()
+        if runner.broken or self._closed:
+            return
+        try:
+            fresh = _BatchRunner(runner.backend, self.warm_slots, *runner.key[1:])
+        except (SandboxError, OSError):
+            return  # the next call launches one (and reports what fails)
+        with self._idle_lock:
+            if not self._closed:
+                self._idle.append(fresh)
+                return
+        fresh.close()
+
+    def close_runners(self) -> None:
+        """Close the kept batch runners (the pool stays usable; later batches launch new ones)."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for r in idle:
+            r.close()
 
     def map(self, items: Iterable[tuple[str, str]]) -> list[Verdict]:
         """Verdicts for (code, tests) pairs, in input order."""
@@ -1520,8 +1732,10 @@ class SandboxPool:
         return [v for f in futures for v in f.result()]
 
     def shutdown(self, wait: bool = True) -> None:
-        """Stop accepting work; optionally wait for running verdicts."""
+        """Stop accepting work; optionally wait for running verdicts; close the kept batch runners."""
+        self._closed = True
         self._executor.shutdown(wait=wait)
+        self.close_runners()
 
     def __enter__(self) -> "SandboxPool":
         return self

@@ -47,7 +47,7 @@ def overhead_table() -> str:
     r = json.loads(path.read_text())
     rows = ["| method | wall-time ratio (median) | per round | CPU-time ratio | share of an update inside the method "
             "| bar | holds |", "|---|---|---|---|---|---|---|"]
-    for m in ("refgrpo-seed", "gear-seed", "exgrpo-seed", "refgrpo-seed@alpha0"):
+    for m in ("refgrpo-seed", "gear-seed", "exgrpo-seed", "refgrpo-seed@alpha0", "exgrpo-seed@background"):
         if m not in r:
             continue
         x = r[m]

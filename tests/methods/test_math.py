@@ -12,8 +12,8 @@ from reflectrl.control.envs import EpisodeTracker
 from reflectrl.core import gae
 from reflectrl.methods.base import EpisodeAssembler, StepBatch, discounted_cumsum, returns_to_go
 from reflectrl.methods.control_algos import apply_shaping
-from reflectrl.methods.exgrpo_seed import (CoefSchedule, ExGRPOSeed, ExGRPOSeedOptions, aggregate_reflection,
-                                           priority_probs, rank_targets)
+from reflectrl.methods.exgrpo_seed import (CoefSchedule, ExGRPOSeed, ExGRPOSeedOptions, ReflectionMemory,
+                                           aggregate_reflection, priority_probs, rank_targets)
 from reflectrl.methods.gear_seed import GearSeed, GearSeedOptions, omega_weights, select_winners, winners_per_group
 from reflectrl.methods.refgrpo_seed import (RefGRPOSeed, RefGRPOSeedOptions, adaptive_beta, calibration_bonus,
                                             clip_bonus, normalized_advantages)
@@ -291,3 +291,30 @@ def test_exgrpo_trajectory_term_placement(credit):
     else:
         expected[0, :3] = 0.25
         close(sh.advantage_delta, expected)
+
+
+@pytest.mark.parametrize("priority", ["return", "mix"])
+def test_exgrpo_background_fit_is_the_foreground_fit_one_training_later(priority):
+    """With the same data and seed, the background mode's live reflector after training call n has
+    exactly the foreground reflector's weights after call n - 1 (and the memory it saw then)."""
+    def make(background):
+        opts = ExGRPOSeedOptions(refl_background=background, refl_priority=priority, refl_batch=32,
+                                 refl_ensemble=2)
+        return ReflectionMemory(3, opts, seed=7)
+
+    fg, bg = make(False), make(True)
+    data = torch.Generator().manual_seed(0)
+    fg_after, bg_after = [], []
+    for _ in range(4):
+        pooled, returns = torch.randn(10, 3, generator=data), torch.randn(10, generator=data)
+        for rm in (fg, bg):
+            rm.memory.add(pooled, returns)
+        fg_metrics, bg_metrics = fg.train(), bg.train()
+        fg_after.append(({k: v.clone() for k, v in fg.reflector.net.state_dict().items()}, fg_metrics))
+        bg_after.append(({k: v.clone() for k, v in bg.reflector.net.state_dict().items()}, bg_metrics))
+    assert bg_after[0][1] == {} and bg.fits == 3 and fg.fits == 4
+    for n in range(1, 4):
+        want, got = fg_after[n - 1], bg_after[n]
+        assert all(torch.equal(want[0][k], got[0][k]) for k in want[0])
+        assert got[1] == want[1]  # the fit's metrics arrive with it
+    assert not all(torch.equal(fg_after[0][0][k], bg_after[0][0][k]) for k in fg_after[0][0])  # call 1: still untrained

@@ -13,6 +13,8 @@ the transition belongs to.
 
 from __future__ import annotations
 
+import copy
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -186,6 +188,11 @@ class ExGRPOSeedOptions:
     """Members of the reflector ensemble; the signal is their mean."""
     refl_vote: float = 0.0
     """Ignore reflections unless at least this share of members agrees with the mean's sign (ensemble vote)."""
+    refl_background: bool = False
+    """Train the reflector on a background thread: each training fits a copy of the reflector on a
+    snapshot of the memory while the agent collects, and that copy becomes the live reflector at the
+    next training (one training interval later than in the foreground; runs stay reproducible and
+    resumable bit for bit)."""
 
     def validate_exgrpo(self) -> list[tuple[bool, str]]:
         return [
@@ -213,6 +220,9 @@ class ReflectionMemory:
         self.schedule = CoefSchedule(opts.refl_coef_start, opts.refl_coef_end, opts.refl_coef_ramp)
         self.fits = 0
         self.last: dict[str, float] = {}
+        self._job: Future | None = None  # background fit in flight: -> (reflector, metrics)
+        self._done: tuple[Any, dict[str, float]] | None = None  # finished background fit, not yet live
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def ready(self) -> bool:
@@ -235,35 +245,74 @@ class ReflectionMemory:
                                            "exgrpo/refl_kept_frac": float(kept.float().mean()), "exgrpo/coef": coef}
 
     def train(self) -> dict[str, float]:
-        """Sample trajectories by priority and fit the reflector to their return ranks."""
-        pooled, returns = self.memory.view()
+        """Sample trajectories by priority and fit the reflector to their return ranks. In the
+        background mode: make the last background fit live (its metrics are returned) and start the
+        next one on a copy of the reflector and a snapshot of the memory."""
+        if not self.o.refl_background:
+            metrics = self._fit(self.reflector, *self.memory.view())
+            self.fits += 1
+            return metrics
+        metrics = self._swap()
+        pooled, returns = (t.clone() for t in self.memory.view())
+        worker = copy.deepcopy(self.reflector)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="reflectrl-reflector")
+        self._job = self._executor.submit(lambda: (worker, self._fit(worker, pooled, returns)))
+        return metrics
+
+    def _fit(self, reflector: Any, pooled: Tensor, returns: Tensor) -> dict[str, float]:
         targets = rank_targets(returns)
         unc = None
         if self.o.refl_priority != "return":
-            members = self.reflector.reflect(pooled)
+            members = reflector.reflect(pooled)
             unc = members.std(1) if members.shape[1] > 1 else (members[:, 0] - targets).abs()
         probs = priority_probs(returns, unc, self.o.refl_priority, self.o.refl_priority_mix,
                                self.o.refl_priority_alpha, self.o.refl_priority_eps)
         idx = torch.multinomial(probs, self.o.refl_batch, replacement=True, generator=self.sample_gen)
-        loss = self.reflector.fit(pooled[idx], targets[idx])
-        self.fits += 1
+        loss = reflector.fit(pooled[idx], targets[idx])
         return {"exgrpo/refl_loss": loss, "exgrpo/priority_max": float(probs.max() * probs.numel()),
                 "exgrpo/priority_min": float(probs.min() * probs.numel()),
                 "exgrpo/priority_entropy": float(-(probs * probs.clamp_min(1e-30).log()).sum())}
 
+    def _wait(self) -> None:
+        """Finish the background fit in flight (its result stays pending until the next training)."""
+        if self._job is not None:
+            self._done, self._job = self._job.result(), None
+
+    def _swap(self) -> dict[str, float]:
+        self._wait()
+        if self._done is None:
+            return {}
+        (self.reflector, metrics), self._done = self._done, None
+        self.fits += 1
+        return metrics
+
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        self._wait()
         mt, mm = self.memory.state()
         rt, rm = self.reflector.state() if hasattr(self.reflector, "state") else ({}, {})
         tensors = {**{f"memory/{k}": v for k, v in mt.items()}, **{f"reflector/{k}": v for k, v in rt.items()},
                    "sample_gen": self.sample_gen.get_state()}
-        return tensors, {"memory": mm, "reflector": rm, "fits": self.fits}
+        meta = {"memory": mm, "reflector": rm, "fits": self.fits}
+        if self._done is not None:  # a finished background fit that goes live at the next training
+            pt, pm = self._done[0].state() if hasattr(self._done[0], "state") else ({}, {})
+            tensors.update({f"pending/{k}": v for k, v in pt.items()})
+            meta["pending"] = {"reflector": pm, "metrics": self._done[1]}
+        return tensors, meta
 
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        self._wait()
         self.memory.load_state(unpack_state_dict("memory", tensors), meta["memory"])
         if hasattr(self.reflector, "load_state"):
             self.reflector.load_state(unpack_state_dict("reflector", tensors), meta["reflector"])
         self.sample_gen.set_state(tensors["sample_gen"])
         self.fits = int(meta["fits"])
+        self._done = None
+        if meta.get("pending") is not None:
+            pending = copy.deepcopy(self.reflector)
+            if hasattr(pending, "load_state"):
+                pending.load_state(unpack_state_dict("pending", tensors), meta["pending"]["reflector"])
+            self._done = (pending, dict(meta["pending"]["metrics"]))
 
 
 # ----------------------------------------------------------------------------- PPO form

@@ -93,3 +93,19 @@ def unpack_optimizer(prefix: str, tensors: dict[str, torch.Tensor], meta: dict[s
         pid, name = key.split("/", 1)
         state.setdefault(int(pid), {})[name] = v
     return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def pack_hooks(hooks: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Add the state of every hook that has one: tensors under ``hook/CLASS/``, metadata under ``meta["hook/CLASS"]``."""
+    for h in hooks:
+        if hasattr(h, "state"):
+            ht, hm = h.state()
+            tensors.update({f"hook/{type(h).__name__}/{k}": v for k, v in ht.items()})
+            meta[f"hook/{type(h).__name__}"] = hm
+
+
+def unpack_hooks(hooks: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Inverse of :func:`pack_hooks` (a missing entry raises KeyError)."""
+    for h in hooks:
+        if hasattr(h, "load_state"):
+            h.load_state(unpack_state_dict(f"hook/{type(h).__name__}", tensors), meta[f"hook/{type(h).__name__}"])

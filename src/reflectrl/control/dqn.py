@@ -24,7 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..checkpoint import load_checkpoint, pack_optimizer, pack_state_dict, save_checkpoint, unpack_optimizer, unpack_state_dict
+from ..checkpoint import (load_checkpoint, pack_hooks, pack_optimizer, pack_state_dict, save_checkpoint, unpack_hooks,
+                          unpack_optimizer, unpack_state_dict)
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
 from ..runlog import RunLogger, truncate_metrics
@@ -377,11 +378,7 @@ class DQN:
                 "global_step": self.global_step, "optim": opt_meta, "tracker": tr,
                 "replay": {"ptr": self.buffer.ptr, "size": self.buffer.size},
                 "recent_returns": list(self.recent_returns), "config": dataclasses.asdict(self.cfg)}
-        for h in self.hooks:
-            if hasattr(h, "state"):
-                ht, hm = h.state()
-                tensors.update({f"hook/{type(h).__name__}/{k}": v for k, v in ht.items()})
-                meta[f"hook/{type(h).__name__}"] = hm
+        pack_hooks(self.hooks, tensors, meta)
         return tensors, meta
 
     def save(self, path: Path) -> None:
@@ -402,11 +399,7 @@ class DQN:
             self.tracker.load({**meta["tracker"], "actions": tensors["env/actions"].numpy()})
             self.vstep, self.records = int(meta["vstep"]), int(meta["records"])
             self.recent_returns.extend(meta["recent_returns"])
-            for h in self.hooks:
-                if hasattr(h, "load_state"):
-                    p = f"hook/{type(h).__name__}/"
-                    h.load_state({k[len(p):]: v for k, v in tensors.items() if k.startswith(p)},
-                                 meta[f"hook/{type(h).__name__}"])
+            unpack_hooks(self.hooks, tensors, meta)
         except (KeyError, RuntimeError, ValueError, TypeError) as exc:
             raise CheckpointError(f"checkpoint does not match this configuration or is damaged ({exc})") from None
         self.raw_obs = replay(self.envs, self.tracker)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checkpoint import load_checkpoint, pack_optimizer, save_checkpoint, unpack_optimizer
+from ..checkpoint import load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks, unpack_optimizer
 from ..core import explained_variance, gae, ppo_policy_loss, value_loss
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
@@ -271,11 +271,7 @@ class PPO:
             tensors["rew_norm/returns"] = torch.from_numpy(self.rew_norm.returns.copy())
         meta = {"format": 1, "update": self.update_idx, "global_step": self.global_step, "optim": opt_meta,
                 "tracker": tr, "recent_returns": list(self.recent_returns), "config": dataclasses.asdict(self.cfg)}
-        for h in self.hooks:
-            if hasattr(h, "state"):
-                ht, hm = h.state()
-                tensors.update({f"hook/{type(h).__name__}/{k}": v for k, v in ht.items()})
-                meta[f"hook/{type(h).__name__}"] = hm
+        pack_hooks(self.hooks, tensors, meta)
         return tensors, meta
 
     def save(self, path: Path) -> None:
@@ -297,11 +293,7 @@ class PPO:
             self.tracker.load({**meta["tracker"], "actions": tensors["env/actions"].numpy()})
             self.update_idx, self.global_step = int(meta["update"]), int(meta["global_step"])
             self.recent_returns.extend(meta["recent_returns"])
-            for h in self.hooks:
-                if hasattr(h, "load_state"):
-                    p = f"hook/{type(h).__name__}/"
-                    h.load_state({k[len(p):]: v for k, v in tensors.items() if k.startswith(p)},
-                                 meta[f"hook/{type(h).__name__}"])
+            unpack_hooks(self.hooks, tensors, meta)
         except (KeyError, RuntimeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint does not match this configuration or is damaged ({exc})") from None
         self.raw_obs = replay(self.envs, self.tracker)

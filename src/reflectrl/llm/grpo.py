@@ -31,7 +31,7 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from ..checkpoint import load_checkpoint, pack_optimizer, save_checkpoint, unpack_optimizer
+from ..checkpoint import load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks, unpack_optimizer
 from ..core import LOSS_AGG_MODES, agg_loss, approx_kl, get_adv_est, list_registered, masked_mean, ppo_policy_loss
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
@@ -562,11 +562,7 @@ class GRPO:
         tensors["rng/torch_global"] = torch.get_rng_state()
         meta = {"format": 1, "kind": "llm", "update": self.update_idx, "global_step": self.global_step,
                 "cursor": self.cursor, "optim": opt_meta, "config": dataclasses.asdict(self.cfg)}
-        for h in self.hooks:
-            if hasattr(h, "state"):
-                ht, hm = h.state()
-                tensors.update({f"hook/{type(h).__name__}/{k}": v for k, v in ht.items()})
-                meta[f"hook/{type(h).__name__}"] = hm
+        pack_hooks(self.hooks, tensors, meta)
         return tensors, meta
 
     def save(self, path: Path) -> None:
@@ -582,11 +578,7 @@ class GRPO:
             torch.set_rng_state(tensors["rng/torch_global"])
             self.update_idx, self.global_step = int(meta["update"]), int(meta["global_step"])
             self.cursor = int(meta["cursor"])
-            for h in self.hooks:
-                if hasattr(h, "load_state"):
-                    p = f"hook/{type(h).__name__}/"
-                    h.load_state({k[len(p):]: v for k, v in tensors.items() if k.startswith(p)},
-                                 meta[f"hook/{type(h).__name__}"])
+            unpack_hooks(self.hooks, tensors, meta)
         except (KeyError, RuntimeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint does not match this configuration or is damaged ({exc})") from None
         self.engine.sync(self.policy)

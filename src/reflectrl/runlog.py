@@ -61,6 +61,19 @@ class RunLogger:
             self._wandb.finish()
 
 
+def open_run(run_dir: Path, header: dict[str, Any], cfg: Any) -> RunLogger:
+    """Create ``run_dir``, write ``config.json`` (``header`` + the config dataclass) unless a resumed run
+    wrote it already, and open the run's logger with the config's TensorBoard / W&B settings."""
+    import dataclasses
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fields = dataclasses.asdict(cfg)
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.exists():
+        cfg_path.write_text(json.dumps({**header, **fields}, indent=2))
+    return RunLogger(run_dir, fields, cfg.tensorboard, cfg.track, cfg.wandb_project_name, run_dir.name)
+
+
 def truncate_metrics(path: Path, max_update: int) -> None:
     """Drop records past ``max_update`` (written after the last checkpoint of an interrupted run)."""
     if not path.exists():

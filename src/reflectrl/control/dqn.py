@@ -28,7 +28,7 @@ from ..checkpoint import (load_checkpoint, pack_hooks, pack_optimizer, pack_stat
                           unpack_optimizer, unpack_state_dict)
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
-from ..runlog import RunLogger, truncate_metrics
+from ..runlog import open_run, truncate_metrics
 from .envs import EpisodeTracker, make_vector_env, replay, reset_all, reset_done
 from .ppo import CHECKPOINT, load_run_config
 
@@ -331,12 +331,7 @@ class DQN:
     def learn(self) -> dict[str, Any]:
         """Train until ``total_timesteps``; logs, checkpoints, returns a summary."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg_path = self.run_dir / "config.json"
-        if not cfg_path.exists():
-            cfg_path.write_text(json.dumps({"algo": self.algo_name, **dataclasses.asdict(cfg)}, indent=2))
-        logger = RunLogger(self.run_dir, dataclasses.asdict(cfg), cfg.tensorboard, cfg.track, cfg.wandb_project_name,
-                           self.run_dir.name)
+        logger = open_run(self.run_dir, {"algo": self.algo_name}, cfg)
         start_step, t_start, t_last = self.global_step, time.perf_counter(), time.perf_counter()
         step_last = self.global_step
         try:

@@ -22,7 +22,7 @@ from ..checkpoint import load_checkpoint, pack_hooks, pack_optimizer, save_check
 from ..core import explained_variance, gae, ppo_policy_loss, value_loss
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
-from ..runlog import RunLogger, truncate_metrics
+from ..runlog import open_run, truncate_metrics
 from .config import PPOConfig
 from .envs import EpisodeTracker, ObsNormalizer, RewardNormalizer, make_vector_env, replay, reset_all, reset_done
 from .networks import build_actor_critic
@@ -226,12 +226,7 @@ class PPO:
     def learn(self) -> dict[str, Any]:
         """Train until ``total_timesteps``; logs, checkpoints, returns a summary."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg_path = self.run_dir / "config.json"
-        if not cfg_path.exists():
-            cfg_path.write_text(json.dumps({"algo": self.algo_name, **dataclasses.asdict(self.cfg)}, indent=2))
-        logger = RunLogger(self.run_dir, dataclasses.asdict(cfg), cfg.tensorboard, cfg.track,
-                           cfg.wandb_project_name, self.run_dir.name)
+        logger = open_run(self.run_dir, {"algo": self.algo_name}, cfg)
         start_step, t_start = self.global_step, time.perf_counter()
         try:
             with TrainProgress(cfg.num_updates * cfg.batch_size, cfg.progress, cfg.env_id) as bar:

@@ -35,7 +35,7 @@ from ..checkpoint import load_checkpoint, pack_hooks, pack_optimizer, save_check
 from ..core import LOSS_AGG_MODES, agg_loss, approx_kl, get_adv_est, list_registered, masked_mean, ppo_policy_loss
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
-from ..runlog import RunLogger, truncate_metrics
+from ..runlog import open_run, truncate_metrics
 from ..tasks.base import Problem, get_task
 from .policy import load_policy
 from .rollout import Rollout, TokenBatch, make_engine
@@ -514,12 +514,7 @@ class GRPO:
     def learn(self) -> dict[str, Any]:
         """Train until ``updates`` (or ``time_limit_s``); logs, checkpoints, returns a summary."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg_path = self.run_dir / "config.json"
-        if not cfg_path.exists():
-            cfg_path.write_text(json.dumps({"kind": "llm", **dataclasses.asdict(cfg)}, indent=2))
-        logger = RunLogger(self.run_dir, dataclasses.asdict(cfg), cfg.tensorboard, cfg.track,
-                           cfg.wandb_project_name, self.run_dir.name)
+        logger = open_run(self.run_dir, {"kind": "llm"}, cfg)
         start_rows, t_start, cpu_start = self.global_step, time.perf_counter(), cpu_seconds()
         rec: dict[str, Any] = {}
         try:

@@ -12,7 +12,6 @@ a record per ``log_interval`` env steps, and a resume is bitwise the run that ne
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections import deque
 from dataclasses import dataclass

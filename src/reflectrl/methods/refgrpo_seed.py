@@ -48,7 +48,7 @@ def adaptive_beta(beta: float, cal_loss: float, loss_ref: float, lo: float, hi: 
 class RefGRPOSeedOptions:
     """Options of refgrpo-seed (each is a ``reflectrl train --algo refgrpo-seed`` flag)."""
 
-    cal_alpha: float = 0.1
+    cal_alpha: float = 0.01
     """Bonus strength alpha in b_cal = -alpha * (f - target)^2 (chosen by measurement, BENCHMARKS.md)."""
     cal_target: Literal["raw", "normalized"] = "normalized"
     """Bonus target: the normalized advantage (the loss's target; chosen by measurement) or the raw one (the seed's recommendation)."""

@@ -717,20 +717,13 @@ class Rollout:
             return [self._score(row, text, stats) for row, text in pairs]
         out, todo = [], []
         for row, text in pairs:
-            key = (row.problem.id, text)
-            fut = self._cache.get(key)
-            if fut is not None:
-                self._cache.move_to_end(key)
-                stats.cache_hits += 1
-            else:
+            fut = self._cached((row.problem.id, text), stats)
+            if fut is None:
                 fut = Future()
                 fut.set_running_or_notify_cancel()
                 todo.append((row.problem, text, fut))
-                stats.new_steps.add(id(fut))
-                self._cache[key] = fut
+                self._remember((row.problem.id, text), fut, stats)
             out.append(fut)
-        while self.reward_cache_size and len(self._cache) > self.reward_cache_size:
-            self._cache.popitem(last=False)
         if todo:
             batch = self._submit(_timed_batch, self.score_batch, [p for p, _, _ in todo], [t for _, t, _ in todo])
             batch.add_done_callback(lambda b, fs=[f for _, _, f in todo]: _resolve(b, fs))
@@ -743,17 +736,26 @@ class Rollout:
             stats.new_steps.add(id(fut))
             return fut
         key = (row.problem.id, text)
+        fut = self._cached(key, stats)
+        if fut is None:
+            fut = self._submit(_timed_step, row.env, text)
+            self._remember(key, fut, stats)
+        return fut
+
+    def _cached(self, key: tuple[str, str], stats: RolloutStats) -> Future | None:
+        """The reward future of a (problem, completion) pair scored before (LRU hit), or None."""
         fut = self._cache.get(key)
         if fut is not None:
             self._cache.move_to_end(key)
             stats.cache_hits += 1
-            return fut
-        fut = self._submit(_timed_step, row.env, text)
+        return fut
+
+    def _remember(self, key: tuple[str, str], fut: Future, stats: RolloutStats) -> None:
+        """Keep a newly submitted reward future in the LRU cache; this rollout counts its time."""
         stats.new_steps.add(id(fut))
         self._cache[key] = fut
         while self.reward_cache_size and len(self._cache) > self.reward_cache_size:
             self._cache.popitem(last=False)
-        return fut
 
     def _finish_completion(self, ids: list[int], body: list[int], text: str) -> tuple[list[int], str, bool]:
         """Cut a completion (``body``: without eos, ``text``: its decoding) at the task's first stop

@@ -1565,13 +1565,7 @@ def run_tests_batch(jobs: Iterable[tuple[str, str]], timeout_s: float = 5.0, mem
     (``none``) always run one sandbox per job. Bad arguments raise like `run_tests`, naming the job.
     """
     jobs = list(jobs)
-    for i, job in enumerate(jobs):
-        try:
-            code, tests = job
-            check_job(code, tests, timeout_s, memory_mb, max_output_bytes=max_output_bytes,
-                      max_processes=max_processes)
-        except (ValueError, TypeError) as exc:
-            raise type(exc)(f"job {i}: {exc}") from None
+    _check_jobs(jobs, timeout_s, memory_mb, max_output_bytes, max_processes)
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     chosen = _select(backend)
@@ -1586,11 +1580,27 @@ def run_tests_batch(jobs: Iterable[tuple[str, str]], timeout_s: float = 5.0, mem
                                                                 max_output_bytes, max_processes)
         except (SandboxError, OSError) as exc:
             log.warning("sandbox batch (%s) failed: %s; running its jobs one per sandbox", chosen.name, exc)
+    return _rerun_alone(chosen, jobs, verdicts, float(timeout_s), memory_mb, max_output_bytes, max_processes)
+
+
+def _check_jobs(jobs: list, timeout_s: float, memory_mb: int, max_output_bytes: int, max_processes: int) -> None:
+    """`check_job` for each (code, tests) pair; the error names the job."""
+    for i, job in enumerate(jobs):
+        try:
+            code, tests = job
+            check_job(code, tests, timeout_s, memory_mb, max_output_bytes=max_output_bytes,
+                      max_processes=max_processes)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"job {i}: {exc}") from None
+
+
+def _rerun_alone(backend: _Backend, jobs: list[tuple[str, str]], verdicts: list[Verdict | None], timeout_s: float,
+                 memory_mb: int, max_bytes: int, max_processes: int) -> list[Verdict]:
+    """Fill each verdict a batch could not vouch for (None) with the job's own single-sandbox run."""
     for i, verdict in enumerate(verdicts):
         if verdict is None:
             code, tests = jobs[i]
-            verdicts[i] = _execute(chosen, code, tests, float(timeout_s), memory_mb, max_output_bytes,
-                                   max_processes)[0]
+            verdicts[i] = _execute(backend, code, tests, timeout_s, memory_mb, max_bytes, max_processes)[0]
     return verdicts  # type: ignore[return-value]
 
 
@@ -1641,11 +1651,7 @@ class SandboxPool:
         chosen = _select(backend_name)
         if len(jobs) < 2 or len(jobs) > min(batch_size, self.warm_slots) or not _batchable(chosen) or self._closed:
             return run_tests_batch(jobs, backend=backend_name, batch_size=batch_size, **kw)
-        for i, (code, tests) in enumerate(jobs):
-            try:
-                check_job(code, tests, **kw)
-            except (ValueError, TypeError) as exc:
-                raise type(exc)(f"job {i}: {exc}") from None
+        _check_jobs(jobs, kw["timeout_s"], kw["memory_mb"], kw["max_output_bytes"], kw["max_processes"])
         timeout_s, memory_mb = float(kw["timeout_s"]), kw["memory_mb"]
         key = (_batch_key(chosen), timeout_s, memory_mb, kw["max_output_bytes"], kw["max_processes"])
         verdicts: list[Verdict | None] = [None] * len(jobs)
@@ -1663,12 +1669,7 @@ class SandboxPool:
                 runner.broken = True
             finally:
                 self._give_back(runner, len(jobs))
-        for i, verdict in enumerate(verdicts):
-            if verdict is None:
-                code, tests = jobs[i]
-                verdicts[i] = _execute(chosen, code, tests, timeout_s, memory_mb, kw["max_output_bytes"],
-                                       kw["max_processes"])[0]
-        return verdicts  # type: ignore[return-value]
+        return _rerun_alone(chosen, jobs, verdicts, timeout_s, memory_mb, kw["max_output_bytes"], kw["max_processes"])
 
     def _take(self, key: tuple, n: int) -> _BatchRunner | None:
         """An idle runner for these limits with room for ``n`` jobs; one of them with too little room

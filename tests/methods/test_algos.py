@@ -9,6 +9,8 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import warnings
+
 import pytest
 import torch
 
@@ -102,7 +104,7 @@ class Interrupt:
 
 
 def _ppo_cfg(algo, tmp_path, name, **options):
-    extra = {"refl_min_memory": 4, **options} if algo == "exgrpo-seed" else {}
+    extra = {"refl_min_memory": 4, **options} if algo == "exgrpo-seed" else dict(options)
     return get_algo(algo).config_cls(env_id="CartPole-v1", num_envs=4, num_steps=32, total_timesteps=128 * 6,
                                      update_epochs=2, num_minibatches=2, run_dir=str(tmp_path / name), progress=False,
                                      tensorboard=False, save_interval=2, **extra)
@@ -131,6 +133,43 @@ def test_ppo_method_resume_equals_uninterrupted(tmp_path, algo, options):
     assert ta.keys() == tb.keys()
     for k in ta:
         assert torch.equal(ta[k], tb[k]), k
+
+
+@pytest.mark.parametrize("algo", ["ppo", "refgrpo-seed", "gear-seed"])
+def test_extending_a_finished_run_equals_a_fresh_run_of_the_larger_budget(tmp_path, algo, recwarn):
+    """Nothing in these runs follows the budget (constant learning rate), so training 3 updates and
+    then resuming with a budget of 6 is the 6-update run, metric for metric and bit for bit."""
+    a = get_algo(algo)
+    short = _ppo_cfg(algo, tmp_path, "short", anneal_lr=False)
+    short.total_timesteps = 128 * 3
+    a.build(short).learn()
+    a.resume(tmp_path / "short", 128 * 6).learn()
+    a.build(_ppo_cfg(algo, tmp_path, "fresh", anneal_lr=False)).learn()
+    assert not [w for w in recwarn if "follow the budget" in str(w.message)]
+    fresh = strip_timing(read_metrics(tmp_path / "fresh" / "metrics.jsonl"))
+    assert len(fresh) == 6 and strip_timing(read_metrics(tmp_path / "short" / "metrics.jsonl")) == fresh
+    ta, _ = load_checkpoint(tmp_path / "fresh" / CHECKPOINT)
+    tb, _ = load_checkpoint(tmp_path / "short" / CHECKPOINT)
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k
+
+
+@pytest.mark.parametrize("algo,options,flags", [
+    ("ppo", {}, "--anneal-lr"),
+    ("exgrpo-seed", {"anneal_lr": False}, "--refl-coef-ramp"),
+    ("exgrpo-seed", {}, "--anneal-lr, --refl-coef-ramp"),
+    ("dqn", None, "--exploration-fraction")])
+def test_extending_warns_when_a_schedule_follows_the_budget(tmp_path, algo, options, flags):
+    a = get_algo(algo)
+    cfg = _dqn_cfg(algo, tmp_path, "run") if options is None else _ppo_cfg(algo, tmp_path, "run", **options)
+    cfg.total_timesteps //= 2
+    a.build(cfg).learn()
+    with pytest.warns(UserWarning, match=f"schedule of {flags}, which follow the budget"):
+        a.resume(tmp_path / "run", cfg.total_timesteps * 2)
+    with warnings.catch_warnings():  # the same budget (an interrupted run resuming) is not a change
+        warnings.filterwarnings("error", message=".*follow the budget")
+        a.resume(tmp_path / "run", cfg.total_timesteps)
+        a.resume(tmp_path / "run")
 
 
 def _dqn_cfg(algo, tmp_path, name):

@@ -29,6 +29,7 @@ from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
 from ..runlog import open_run, truncate_metrics
 from .envs import EpisodeTracker, make_vector_env, replay, reset_all, reset_done
+from .config import extend_budget
 from .ppo import CHECKPOINT, load_run_config
 
 EVAL_EPSILON = 0.05  # epsilon of `reflectrl eval --stochastic` for Q policies (CleanRL's evaluation epsilon)
@@ -90,6 +91,10 @@ class DQNConfig:
     """W&B project."""
     progress: bool = True
     """Show a progress bar."""
+
+    def budget_schedules(self) -> list[str]:
+        """The enabled settings whose values follow ``total_timesteps`` (epsilon decays over a fraction of it)."""
+        return ["--exploration-fraction"] if self.start_e != self.end_e else []
 
     def validate(self) -> None:
         """Raise ConfigError naming the first impossible hyperparameter."""
@@ -410,8 +415,7 @@ class DQN:
         run_dir = Path(run_dir)
         cfg = load_run_config(run_dir, config_cls)
         tensors, meta = load_checkpoint(run_dir / CHECKPOINT)
-        if total_timesteps is not None:
-            cfg.total_timesteps = total_timesteps
+        extend_budget(cfg, total_timesteps)
         cfg = dataclasses.replace(cfg, run_dir=str(run_dir), **overrides)
         trainer = cls(cfg, hooks=make_hooks(cfg) if make_hooks else None)
         trainer.load_state(tensors, meta)

@@ -23,7 +23,7 @@ from ..core import explained_variance, gae, ppo_policy_loss, value_loss
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
 from ..runlog import open_run, truncate_metrics
-from .config import PPOConfig
+from .config import PPOConfig, extend_budget
 from .envs import EpisodeTracker, ObsNormalizer, RewardNormalizer, make_vector_env, replay, reset_all, reset_done
 from .networks import build_actor_critic
 
@@ -308,8 +308,7 @@ class PPO:
         run_dir = Path(run_dir)
         cfg = load_run_config(run_dir, config_cls)
         tensors, meta = load_checkpoint(run_dir / CHECKPOINT)
-        if total_timesteps is not None:
-            cfg.total_timesteps = total_timesteps
+        extend_budget(cfg, total_timesteps)
         cfg = dataclasses.replace(cfg, run_dir=str(run_dir), **overrides)
         trainer = cls(cfg, hooks=make_hooks(cfg) if make_hooks else None)
         trainer.load_state(tensors, meta)

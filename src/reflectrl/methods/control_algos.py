@@ -72,6 +72,9 @@ class ExGRPOSeedConfig(ExGRPOSeedOptions, PPOConfig):
     exp_name: str = "exgrpo-seed"
     """Name of the experiment (part of the default run directory)."""
 
+    def budget_schedules(self) -> list[str]:
+        return PPOConfig.budget_schedules(self) + self.budget_exgrpo()
+
     def validate(self) -> None:
         PPOConfig.validate(self)
         _check(self.validate_exgrpo())
@@ -88,6 +91,9 @@ class ExGRPOSeedDQNConfig(ExGRPOSeedOptions, DQNConfig):
     """Multiply eta * Q_refl by the std of the memory's returns (return_std) or by 1 (none: the seed's 0.2 * reflection)."""
     refl_every: int = 1000
     """Train the reflector every this many env steps."""
+
+    def budget_schedules(self) -> list[str]:
+        return DQNConfig.budget_schedules(self) + self.budget_exgrpo()
 
     def validate(self) -> None:
         DQNConfig.validate(self)

@@ -194,6 +194,10 @@ class ExGRPOSeedOptions:
     next training (one training interval later than in the foreground; runs stay reproducible and
     resumable bit for bit)."""
 
+    def budget_exgrpo(self) -> list[str]:
+        """``--refl-coef-ramp`` when the reflection weight ramps over a fraction of the budget."""
+        return ["--refl-coef-ramp"] if self.refl_coef_ramp > 0 and self.refl_coef_start != self.refl_coef_end else []
+
     def validate_exgrpo(self) -> list[tuple[bool, str]]:
         return [
             (self.refl_memory >= 2, "--refl-memory must be at least 2"),

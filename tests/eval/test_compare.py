@@ -73,6 +73,21 @@ def test_rerun_skips_finished_runs(finished, launches, capsys):
     assert stamps == {p: p.stat().st_mtime_ns for p in stamps}
 
 
+def test_report_labels_runs_by_their_place_in_methods(finished, tmp_path, launches):
+    """A finished run linked in from another comparison, where it had another label, is reported
+    under the label --methods gives its folder (and is still skipped)."""
+    out = tmp_path / "cmp"
+    shutil.copytree(finished, out)
+    shutil.move(out / "runs" / "CartPole-v1" / "ppo", out / "runs" / "CartPole-v1" / "base")
+    for seed in (1, 2):
+        info = json.loads((run_path(out, "base", seed) / "run.json").read_text())
+        assert info["method"] == "ppo"
+    assert cli_main(compare_args(out, methods=("base=ppo",))) == 0
+    assert launches == []
+    text = (out / "report.md").read_text()
+    assert "| base | 2 |" in text and "| ppo | 2 |" not in text
+
+
 def test_interrupted_comparison_resumes(finished, tmp_path, launches):
     out = tmp_path / "cmp"
     shutil.copytree(finished, out)

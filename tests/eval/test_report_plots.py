@@ -48,6 +48,22 @@ def test_report_tables(grid):
     assert text.index("| EnvA-v0 | ppo | 1 |") < text.index("| EnvA-v0 | better | 1 |")  # --methods order
 
 
+def test_runs_linked_into_a_comparison_are_found_and_take_its_labels(grid, tmp_path):
+    """A folder whose method folders are links to another comparison's (as when a comparison reuses
+    finished runs): discovery follows the links, each real run is read once, and a run is labelled
+    by the folder it sits in, not by the label its run.json got in the comparison that trained it."""
+    mix = tmp_path / "mix" / "runs" / "EnvA-v0"
+    mix.mkdir(parents=True)
+    (mix / "ppo").symlink_to(grid / "runs" / "EnvA-v0" / "ppo")
+    (mix / "renamed").symlink_to(grid / "runs" / "EnvA-v0" / "better")
+    (mix / "again").symlink_to(mix)  # a loop is walked once
+    runs = [load_run(d) for d in discover_runs([tmp_path / "mix"])]
+    assert sorted((r.method, r.seed) for r in runs) == [(m, s) for m in ("ppo", "renamed") for s in (1, 2, 3)]
+    assert {r.final_return for r in runs if r.method == "renamed"} == {101.0, 102.0, 103.0}
+    loose = fake_run(tmp_path / "loose_run", "EnvA-v0", "mine", 1, [(100, 0.0)], final=1.0)
+    assert load_run(loose).method == "mine"  # outside a comparison layout run.json's label stands
+
+
 def test_plot_command_and_metric_over_time(grid, capsys):
     out = grid / "curves.png"
     assert cli_main(["plot", str(grid), "--out", str(out)]) == 0

@@ -10,6 +10,7 @@ observation dimensions 0 and 1 are the lander's x and y position (Gymnasium's lu
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,7 @@ def plot_bcal_map(run_dir: str | Path, out: str | Path, rollouts: int = 1, dims:
     for ax in axes:
         ax.set_xlabel(xl)
         ax.set_ylabel(yl)
-    name = "/".join(Path(run_dir).resolve().parts[-3:])
+    name = "/".join(Path(os.path.abspath(run_dir)).parts[-3:])  # the path as given (a linked run keeps its label)
     fig.suptitle(f"{name}: refgrpo-seed calibration bonus, mean {s['b_cal'].mean():.3g}")
     fig.tight_layout()
     out = Path(out)

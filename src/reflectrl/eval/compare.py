@@ -13,7 +13,6 @@ so an interrupted comparison continues where it stopped.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
@@ -411,8 +410,7 @@ def write_outputs(out: Path, specs: Sequence[RunSpec], results: Sequence[dict], 
     runs = []
     for s in specs:
         if (Path(s.run_dir) / "config.json").is_file():
-            # the label is where --methods puts the run, whatever label an earlier comparison gave it
-            r = dataclasses.replace(load_run(s.run_dir), method=s.method)
+            r = load_run(s.run_dir)
             if r.final_return is not None:
                 runs.append(r)
     opts = ReportOptions(command=command, methods=[m.label for m in methods], env_ids=args.env_ids,

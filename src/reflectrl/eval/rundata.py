@@ -8,6 +8,8 @@ train arguments and the wall time of each attempt) and ``eval.json`` (``reflectr
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -101,10 +103,34 @@ def load_run(run_dir: str | Path) -> RunData:
         raise ReflectRLError(f"{run_dir} is not a reflectrl run directory (no readable config.json)")
     info = read_json(run_dir / "run.json") or {}
     algo = str(cfg.get("algo", "ppo"))
-    return RunData(run_dir=run_dir, method=str(info.get("method", algo)), algo=algo,
+    return RunData(run_dir=run_dir, method=run_label(run_dir, info, algo), algo=algo,
                    env_id=str(cfg.get("env_id", "?")), seed=cfg.get("seed"),
                    total_timesteps=info.get("total_timesteps", cfg.get("total_timesteps")),
                    records=read_records(run_dir / "metrics.jsonl"), eval=read_json(run_dir / "eval.json"), info=info)
+
+
+def run_label(run_dir: Path, info: dict[str, Any], algo: str) -> str:
+    """The method label of a run. In a ``reflectrl compare`` layout (``.../{label}/seed_{s}`` with a
+    ``run.json``) it is the folder's name, so a run linked or copied in from a comparison that named it
+    otherwise takes the label of the folder it sits in; elsewhere ``run.json``'s label, or the algo."""
+    if info and re.fullmatch(r"seed_\d+", run_dir.name):
+        return run_dir.parent.name
+    return str(info.get("method", algo))
+
+
+def _config_dirs(root: Path) -> list[Path]:
+    """Folders under ``root`` holding ``config.json``, following symbolic links (each real folder once)."""
+    found, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames.clear()
+            continue
+        seen.add(real)
+        if "config.json" in filenames:
+            found.append(Path(dirpath))
+        dirnames.sort()
+    return sorted(found)
 
 
 def discover_runs(paths: Iterable[str | Path]) -> list[Path]:
@@ -117,7 +143,7 @@ def discover_runs(paths: Iterable[str | Path]) -> list[Path]:
         if (p / "config.json").is_file():
             found.append(p)
         else:
-            found.extend(sorted(c.parent for c in p.rglob("config.json")))
+            found.extend(_config_dirs(p))
     unique = list(dict.fromkeys(found))
     if not unique:
         raise ReflectRLError(f"no run directories (folders with config.json) under {', '.join(map(str, paths))}")

@@ -88,6 +88,21 @@ def test_report_labels_runs_by_their_place_in_methods(finished, tmp_path, launch
     assert "| base | 2 |" in text and "| ppo | 2 |" not in text
 
 
+def test_report_only_trains_nothing_and_lists_unfinished_runs(finished, tmp_path, launches):
+    out = tmp_path / "cmp"
+    shutil.copytree(finished, out)
+    (run_path(out, seed=2) / "eval.json").unlink()  # seed 2 still training elsewhere
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()}
+    args = compare_args(out)
+    assert cli_main(args[:-len(TRAIN) - 1] + ["--report-only", *args[-len(TRAIN) - 1:]]) == 0
+    assert launches == []
+    assert stamps == {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()}
+    text = (out / "report.md").read_text()
+    assert "| ppo | 1 |" in text and "--report-only" in text
+    assert "1 of 2 runs not finished and left out (CartPole-v1/ppo/seed_2)" in text
+    assert (out / "curves.png").read_bytes()[:8] == PNG
+
+
 def test_interrupted_comparison_resumes(finished, tmp_path, launches):
     out = tmp_path / "cmp"
     shutil.copytree(finished, out)

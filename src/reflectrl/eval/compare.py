@@ -365,6 +365,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="bootstrap resamples per CI (default 5000)")
     ap.add_argument("--stats-engine", choices=("scipy", "rliable"), default="scipy",
                     help="bootstrap implementation (rliable needs `pip install rliable 'pandas<3'`)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: write report.md and curves.png from the runs finished so far (the others "
+                         "are listed as not finished), e.g. while the comparison runs in another process")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], metavar="TRAIN FLAGS",
                     help="flags passed to every `reflectrl train` (must come last), e.g. --extra --num-envs 8")
     return ap
@@ -402,7 +405,8 @@ def _validate(args: argparse.Namespace) -> list[MethodSpec]:
 
 
 def write_outputs(out: Path, specs: Sequence[RunSpec], results: Sequence[dict], command: str,
-                  args: argparse.Namespace, methods: Sequence[MethodSpec]) -> tuple[Path, Path | None]:
+                  args: argparse.Namespace, methods: Sequence[MethodSpec],
+                  notes: Sequence[str] = ()) -> tuple[Path, Path | None]:
     """``report.md`` and ``curves.png`` from the run directories of ``specs`` (failed runs listed)."""
     from .plots import plot_runs
     from .report import ReportOptions, build_report
@@ -416,6 +420,7 @@ def write_outputs(out: Path, specs: Sequence[RunSpec], results: Sequence[dict], 
     opts = ReportOptions(command=command, methods=[m.label for m in methods], env_ids=args.env_ids,
                          baseline=args.baseline, early_fraction=args.early_fraction, n_resamples=args.bootstrap_reps,
                          engine=args.stats_engine, failures=[r for r in results if r["status"] != "ok"])
+    opts.notes.extend(notes)
     if args.baseline not in opts.methods:
         opts.notes.append(f"the baseline {args.baseline!r} is not among --methods: no probability of improvement.")
     curves: Path | None = None
@@ -449,6 +454,14 @@ def main(argv: list[str]) -> int:
           f"{counts['train']} to train" + (f", {counts['conflict']} in conflict" if counts["conflict"] else ""),
           flush=True)
     results = [make_result(s, "skipped") for s, p in zip(specs, plans) if p == "skip"]
+    command = "reflectrl compare " + shlex.join(argv)
+    if args.report_only:
+        pending = [s.name for s in todo]
+        notes = [f"written with --report-only: {len(pending)} of {len(specs)} runs not finished and left out "
+                 f"({', '.join(pending)})"] if pending else []
+        report, curves = write_outputs(out, specs, results, command, args, methods, notes)
+        print(f"report: {report}" + (f"\ncurves: {curves}" if curves else ""))
+        return 0
 
     def on_result(res: dict) -> None:
         materialize(res)
@@ -468,7 +481,6 @@ def main(argv: list[str]) -> int:
         print(f"interrupted; run the same command again to resume (finished runs are kept in {out / 'runs'})",
               file=sys.stderr)
         return 130
-    command = "reflectrl compare " + shlex.join(argv)
     report, curves = write_outputs(out, specs, results, command, args, methods)
     failed = [r for r in results if r["status"] != "ok"]
     print(f"report: {report}" + (f"\ncurves: {curves}" if curves else ""))

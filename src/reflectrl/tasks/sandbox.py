@@ -1480,10 +1480,17 @@ def _execute_batch(backend: _Backend, jobs: list[tuple[str, str]], timeout_s: fl
 # --------------------------------------------------------------------------------------------
 # Verdicts.
 # --------------------------------------------------------------------------------------------
+# CPython 3.11's AST validator keeps its recursion depth in shared state, so `ast.parse` from two
+# threads at once can fail with "AST constructor recursion depth mismatch" (SystemError): the pool's
+# batch threads parse under one lock.
+_AST_LOCK = threading.Lock()
+
+
 def _parse_tests(tests: str) -> tuple[list[int], int]:
     """Positions of the top-level `assert` statements in `tests` (each one is a test), and the statement count."""
     try:
-        body = ast.parse(tests).body
+        with _AST_LOCK:
+            body = ast.parse(tests).body
     except SyntaxError as exc:
         raise ValueError(f"tests do not parse: {exc.msg} (line {exc.lineno})") from None
     indices = [i for i, stmt in enumerate(body) if isinstance(stmt, ast.Assert)]

@@ -1480,9 +1480,9 @@ def _execute_batch(backend: _Backend, jobs: list[tuple[str, str]], timeout_s: fl
 # --------------------------------------------------------------------------------------------
 # Verdicts.
 # --------------------------------------------------------------------------------------------
-# CPython 3.11's AST validator keeps its recursion depth in shared state, so `ast.parse` from two
-# threads at once can fail with "AST constructor recursion depth mismatch" (SystemError): the pool's
-# batch threads parse under one lock.
+# CPython 3.11 before 3.11.8 keeps the AST constructor's recursion depth in shared state, so `ast.parse`
+# from two threads at once can fail with "AST constructor recursion depth mismatch" (SystemError;
+# CPython issue gh-106905): the pool's batch threads parse under one lock.
 _AST_LOCK = threading.Lock()
 
 

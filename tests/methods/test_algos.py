@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import warnings
-
 import pytest
 import torch
 

@@ -129,7 +129,6 @@ def _config_dirs(root: Path) -> list[Path]:
         seen.add(real)
         if "config.json" in filenames:
             found.append(Path(dirpath))
-        dirnames.sort()
     return sorted(found)
 
 

@@ -19,6 +19,10 @@ and method the script compares against ``ppo`` (same env, same seeds 1..N) and p
   dense envs. holds: sparse point > 0.5, sparse CI low > 0.5 and sparse point > dense point; does not
   hold: sparse point <= dense point or <= 0.5; otherwise not resolved.
 
+A verdict needs at least ``--min-seeds`` runs (default 3) of the method and of ppo in the env (every
+env, for the sparse-vs-dense claim; every seed's ratio, for L_cal); with fewer the claim reads
+"too few seeds (n)": one pair of runs says nothing about a distribution.
+
 Statistics: reflectrl.eval.stats (scipy's percentile bootstrap, 5000 resamples, seed 0).
 """
 
@@ -65,7 +69,12 @@ def verdict_final(p: tuple[float, float, float]) -> str:
     return "not resolved"
 
 
-def lcal_trend(runs, metric: str = "refgrpo/L_cal_heldout") -> dict | None:
+def too_few(n: int, min_seeds: int) -> str | None:
+    """The verdict that replaces any other when fewer than ``min_seeds`` runs back a claim."""
+    return f"too few seeds ({n})" if n < min_seeds else None
+
+
+def lcal_trend(runs, metric: str = "refgrpo/L_cal_heldout", min_seeds: int = 1) -> dict | None:
     ratios, settle = [], []
     for r in runs:
         _, v = r.series(metric)
@@ -77,8 +86,8 @@ def lcal_trend(runs, metric: str = "refgrpo/L_cal_heldout") -> dict | None:
         settle.append(float(np.std(last) / np.mean(last)) if np.mean(last) > 0 else float("nan"))
     if not ratios:
         return None
-    return {"ratios": ratios, "relative_std_last": settle,
-            "verdict": "holds" if all(x < 1 for x in ratios) else "does not hold"}
+    verdict = too_few(len(ratios), min_seeds) or ("holds" if all(x < 1 for x in ratios) else "does not hold")
+    return {"ratios": ratios, "relative_std_last": settle, "verdict": verdict}
 
 
 def fmt(p: tuple[float, float, float]) -> str:
@@ -90,6 +99,7 @@ def main() -> None:
     ap.add_argument("--dense", nargs="*", default=[], help="compare folders of dense-reward envs")
     ap.add_argument("--sparse", nargs="*", default=[], help="compare folders of sparse-reward envs")
     ap.add_argument("--early-fraction", type=float, default=0.2)
+    ap.add_argument("--min-seeds", type=int, default=3, help="fewest runs per method and env for a verdict")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--md-out", type=Path, default=None, help="also write the printed tables here")
     a = ap.parse_args()
@@ -118,11 +128,14 @@ def main() -> None:
             methods_seen += [m] if m not in methods_seen else []
             f, au = finals(rs), aucs(rs, a.early_fraction)
             pf, pa = probability_of_improvement_ci(f, base_f), probability_of_improvement_ci(au, base_a)
+            few_f = too_few(min(len(f), len(base_f)), a.min_seeds)
+            few_a = too_few(min(len(au), len(base_a)), a.min_seeds)
             rec = {"seeds": len(f), "final_iqm": iqm(f), "ppo_final_iqm": iqm(base_f), "p_final": pf,
-                   "final_verdict": verdict_final(pf), "early_auc_iqm": iqm(au), "ppo_early_auc_iqm": iqm(base_a),
-                   "p_early": pa, "early_verdict": verdict_early(pa), "finals": f.tolist(), "ppo_finals": base_f.tolist()}
+                   "final_verdict": few_f or verdict_final(pf), "early_auc_iqm": iqm(au),
+                   "ppo_early_auc_iqm": iqm(base_a), "p_early": pa, "early_verdict": few_a or verdict_early(pa),
+                   "finals": f.tolist(), "ppo_finals": base_f.tolist()}
             if rs[0].algo == "refgrpo-seed":
-                rec["l_cal"] = lcal_trend(rs)
+                rec["l_cal"] = lcal_trend(rs, min_seeds=a.min_seeds)
             out["envs"][env]["methods"][m] = rec
             rows.append(f"| {env} ({kinds[env]}) | {m} | {len(f)} | {rec['final_iqm']:.1f} / {rec['ppo_final_iqm']:.1f} "
                         f"| {fmt(pf)} | {rec['final_verdict']} | {rec['early_auc_iqm']:.1f} / "
@@ -150,8 +163,11 @@ def main() -> None:
                 per[kind] = mean_probability_of_improvement_ci(xs, ys)
         if "dense" in per and "sparse" in per:
             d, s = per["dense"], per["sparse"]
-            v = ("holds" if s[0] > 0.5 and s[1] > 0.5 and s[0] > d[0] else
-                 "does not hold" if s[0] <= d[0] or s[0] <= 0.5 else "not resolved")
+            n = min(min(len(rec["methods"][m]["finals"]), len(rec["methods"][m]["ppo_finals"]))
+                    for rec in out["envs"].values() if m in rec["methods"])
+            v = too_few(n, a.min_seeds) or (
+                "holds" if s[0] > 0.5 and s[1] > 0.5 and s[0] > d[0] else
+                "does not hold" if s[0] <= d[0] or s[0] <= 0.5 else "not resolved")
             out["sparse_vs_dense"][m] = {"dense": d, "sparse": s, "verdict": v}
             srows.append(f"| {m} | {fmt(d)} | {fmt(s)} | {v} |")
     if len(srows) > 3:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,18 @@ def unpack_hooks(hooks: Any, tensors: dict[str, torch.Tensor], meta: dict[str, A
     for h in hooks:
         if hasattr(h, "load_state"):
             h.load_state(unpack_state_dict(f"hook/{type(h).__name__}", tensors), meta[f"hook/{type(h).__name__}"])
+
+
+def extend_budget(cfg: Any, new: int | None, field: str = "total_timesteps", flag: str = "--total-timesteps") -> None:
+    """Set a resumed run's new budget ``cfg.<field>``. A run extended to a larger budget is the run a
+    fresh one of that budget would have been only when no schedule follows the budget; otherwise this
+    warns, naming the settings (``cfg.budget_schedules()``) that make the two differ."""
+    old = getattr(cfg, field)
+    if new is None or new == old:
+        return
+    moved = cfg.budget_schedules()
+    if moved:
+        warnings.warn(f"changing {flag} from {old} to {new} moves the schedule of {', '.join(moved)}, which "
+                      f"follow the budget: the steps already taken used the old schedule, so this run will "
+                      f"differ from a fresh run of {new}", stacklevel=3)
+    setattr(cfg, field, new)

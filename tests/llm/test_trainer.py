@@ -129,6 +129,19 @@ def test_train_then_resume_equals_uninterrupted(tiny_dir, tmp_path):
     assert (tmp_path / "full" / "model" / "config.json").is_file()
 
 
+def test_extending_a_finished_run_equals_a_fresh_run_and_a_linear_lr_warns(tiny_dir, tmp_path, recwarn):
+    GRPO(cfg(tiny_dir, tmp_path, "fresh")).learn()
+    GRPO(cfg(tiny_dir, tmp_path, "short", updates=2)).learn()
+    GRPO.resume(tmp_path / "short", updates=4).learn()
+    assert not [w for w in recwarn if "follow the budget" in str(w.message)]
+    a = strip_timing(read_metrics(tmp_path / "fresh" / "metrics.jsonl"))
+    b = strip_timing(read_metrics(tmp_path / "short" / "metrics.jsonl"))
+    assert len(a) == 4 and a == b
+    GRPO(cfg(tiny_dir, tmp_path, "linear", updates=2, lr_schedule="linear")).learn()
+    with pytest.warns(UserWarning, match="--updates from 2 to 4 moves the schedule of --lr-schedule linear"):
+        GRPO.resume(tmp_path / "linear", updates=4)
+
+
 class DoubleReward:
     """A stand-in method (fit/shape protocol): doubles each reward and halves every advantage weight."""
 

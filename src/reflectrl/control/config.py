@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -113,7 +112,7 @@ class PPOConfig:
         return max(1, self.total_timesteps // self.batch_size)
 
     def budget_schedules(self) -> list[str]:
-        """The enabled settings whose values follow ``total_timesteps`` (see :func:`extend_budget`)."""
+        """The enabled settings whose values follow ``total_timesteps`` (see :func:`reflectrl.checkpoint.extend_budget`)."""
         return ["--anneal-lr"] if self.anneal_lr else []
 
     def validate(self) -> None:
@@ -150,21 +149,6 @@ class PPOConfig:
             if self.total_timesteps < self.batch_size:
                 raise ConfigError(f"--total-timesteps {self.total_timesteps} is smaller than one batch "
                                   f"({self.batch_size} = num_envs x num_steps)")
-
-
-def extend_budget(cfg: Any, total_timesteps: int | None) -> None:
-    """Set a resumed run's new ``total_timesteps``. A run extended to a larger budget is the run a
-    fresh one of that budget would have been only when no schedule follows the budget; otherwise
-    this warns, naming the settings that make the two differ."""
-    if total_timesteps is None or total_timesteps == cfg.total_timesteps:
-        return
-    moved = cfg.budget_schedules()
-    if moved:
-        warnings.warn(f"changing --total-timesteps from {cfg.total_timesteps} to {total_timesteps} moves the "
-                      f"schedule of {', '.join(moved)}, which follow the budget: the steps already taken used "
-                      f"the old schedule, so this run will differ from a fresh {total_timesteps}-step run",
-                      stacklevel=3)
-    cfg.total_timesteps = total_timesteps
 
 
 # Presets are named after their env id; explicit flags override their values.

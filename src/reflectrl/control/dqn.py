@@ -23,13 +23,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..checkpoint import (load_checkpoint, pack_hooks, pack_optimizer, pack_state_dict, save_checkpoint, unpack_hooks,
-                          unpack_optimizer, unpack_state_dict)
+from ..checkpoint import (extend_budget, load_checkpoint, pack_hooks, pack_optimizer, pack_state_dict,
+                          save_checkpoint, unpack_hooks, unpack_optimizer, unpack_state_dict)
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
 from ..runlog import open_run, truncate_metrics
 from .envs import EpisodeTracker, make_vector_env, replay, reset_all, reset_done
-from .config import extend_budget
 from .ppo import CHECKPOINT, load_run_config
 
 EVAL_EPSILON = 0.05  # epsilon of `reflectrl eval --stochastic` for Q policies (CleanRL's evaluation epsilon)

@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checkpoint import load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks, unpack_optimizer
+from ..checkpoint import (extend_budget, load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks,
+                          unpack_optimizer)
 from ..core import explained_variance, gae, ppo_policy_loss, value_loss
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
 from ..runlog import open_run, truncate_metrics
-from .config import PPOConfig, extend_budget
+from .config import PPOConfig
 from .envs import EpisodeTracker, ObsNormalizer, RewardNormalizer, make_vector_env, replay, reset_all, reset_done
 from .networks import build_actor_critic
 

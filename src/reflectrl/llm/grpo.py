@@ -31,7 +31,8 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from ..checkpoint import load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks, unpack_optimizer
+from ..checkpoint import (extend_budget, load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks,
+                          unpack_optimizer)
 from ..core import LOSS_AGG_MODES, agg_loss, approx_kl, get_adv_est, list_registered, masked_mean, ppo_policy_loss
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
@@ -164,6 +165,11 @@ class GRPOConfig:
     @property
     def rows(self) -> int:
         return self.prompts_per_update * self.group_size
+
+    def budget_schedules(self) -> list[str]:
+        """The enabled settings whose values follow ``updates`` (see :func:`reflectrl.checkpoint.extend_budget`);
+        a method hook's progress-based schedule (``StepBatch.progress``) follows it too."""
+        return ["--lr-schedule linear"] if self.lr_schedule == "linear" else []
 
     def validate(self) -> None:
         """Raise ConfigError for an impossible or inconsistent setting."""
@@ -585,8 +591,7 @@ class GRPO:
         run_dir = Path(run_dir)
         cfg = load_llm_config(run_dir)
         tensors, meta = load_checkpoint(run_dir / CHECKPOINT)
-        if updates is not None:
-            cfg.updates = updates
+        extend_budget(cfg, updates, field="updates", flag="--updates")
         cfg = dataclasses.replace(cfg, run_dir=str(run_dir), **overrides)
         trainer = cls(cfg, hooks=make_hooks(cfg) if make_hooks else None)
         trainer.load_state(tensors, meta)

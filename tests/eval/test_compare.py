@@ -92,14 +92,17 @@ def test_report_only_trains_nothing_and_lists_unfinished_runs(finished, tmp_path
     out = tmp_path / "cmp"
     shutil.copytree(finished, out)
     (run_path(out, seed=2) / "eval.json").unlink()  # seed 2 still training elsewhere
+    run_path(out, seed=3).mkdir()  # seed 3's folder holds another algo's run
+    (run_path(out, seed=3) / "config.json").write_text(json.dumps({"algo": "dqn", "total_timesteps": 256}))
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()}
-    args = compare_args(out)
+    args = compare_args(out, seeds=3)
     assert cli_main(args[:-len(TRAIN) - 1] + ["--report-only", *args[-len(TRAIN) - 1:]]) == 0
     assert launches == []
     assert stamps == {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()}
     text = (out / "report.md").read_text()
     assert "| ppo | 1 |" in text and "--report-only" in text
-    assert "1 of 2 runs not finished and left out (CartPole-v1/ppo/seed_2)" in text
+    assert "1 of 3 runs not finished and left out (CartPole-v1/ppo/seed_2)" in text
+    assert f"left out, in conflict: {run_path(out, seed=3)} holds a run of dqn, not ppo" in text
     assert (out / "curves.png").read_bytes()[:8] == PNG
 
 

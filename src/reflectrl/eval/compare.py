@@ -447,7 +447,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     specs = build_grid(methods, args.env_ids, range(1, args.seeds + 1), args.total_timesteps, out, extra,
                        args.eval_episodes)
-    plans = [plan(s)[0] for s in specs]
+    planned = [plan(s) for s in specs]
+    plans = [p for p, _ in planned]
     todo = [s for s, p in zip(specs, plans) if p != "skip"]
     counts = {k: plans.count(k) for k in ("skip", "resume", "train", "conflict")}
     print(f"{len(specs)} runs: {counts['skip']} finished (skipped), {counts['resume']} to resume, "
@@ -456,9 +457,10 @@ def main(argv: list[str]) -> int:
     results = [make_result(s, "skipped") for s, p in zip(specs, plans) if p == "skip"]
     command = "reflectrl compare " + shlex.join(argv)
     if args.report_only:
-        pending = [s.name for s in todo]
+        pending = [s.name for s, p in zip(specs, plans) if p in ("resume", "train")]
         notes = [f"written with --report-only: {len(pending)} of {len(specs)} runs not finished and left out "
                  f"({', '.join(pending)})"] if pending else []
+        notes += [f"left out, in conflict: {why}" for p, why in planned if p == "conflict"]
         report, curves = write_outputs(out, specs, results, command, args, methods, notes)
         print(f"report: {report}" + (f"\ncurves: {curves}" if curves else ""))
         return 0

@@ -118,7 +118,8 @@ def test_interrupted_comparison_resumes(finished, tmp_path, launches):
     rc, _, _ = compare._run_cli(["train", "--env-id", "CartPole-v1", "--seed", "1", "--total-timesteps", "128",
                                  "--run-dir", str(s1), "--no-progress", *TRAIN], s1 / "train.log")
     assert rc == 0
-    (s1 / "run.json").write_text(json.dumps({**info, "attempts": []}))
+    killed = {"kind": "train", "status": None, "at": "2026-01-01T00:00:00"}  # recorded at start, never ended
+    (s1 / "run.json").write_text(json.dumps({**info, "attempts": [killed]}))
     first = (s1 / "metrics.jsonl").read_text().splitlines()
     seed2 = {p: p.stat().st_mtime_ns for p in run_path(out, seed=2).iterdir()}
     launches.clear()
@@ -129,7 +130,13 @@ def test_interrupted_comparison_resumes(finished, tmp_path, launches):
     assert lines[:1] == first and json.loads(lines[-1])["global_step"] == 256 and len(lines) == 2
     # resume replays the env and restores optimizer and RNG state: same policy as the uninterrupted run
     assert json.loads((s1 / "eval.json").read_text())["mean"] == uninterrupted
-    assert "| ppo | 2 |" in (out / "report.md").read_text()
+    attempts = json.loads((s1 / "run.json").read_text())["attempts"]
+    assert [(a["kind"], a["status"]) for a in attempts] == [("train", None), ("resume", 0), ("eval", 0)]
+    text = (out / "report.md").read_text()
+    assert "| ppo | 2 |" in text
+    # the killed attempt's time is missing: the wall times are marked as lower bounds
+    row = next(l for l in text.splitlines() if l.startswith("| ppo | 2 |"))
+    assert row.endswith("+) |") and "| train (killed) + resume |" in text
 
 
 def test_failing_run_is_reported_and_others_continue(finished, tmp_path, capsys):
@@ -164,6 +171,23 @@ def test_method_variants():
     assert parse_method("ppo") == compare.MethodSpec("ppo", "ppo", ())
     assert parse_method("ppo-lr=ppo --learning-rate 1e-3") == compare.MethodSpec("ppo-lr", "ppo",
                                                                                 ("--learning-rate", "1e-3"))
+
+
+def test_an_attempt_is_recorded_before_it_starts(tmp_path, monkeypatch):
+    """A compare killed mid-run leaves the attempt in run.json with status null (no time recorded)."""
+    d = tmp_path / "r"
+    d.mkdir()
+    seen = []
+
+    def killed(args, log, capture=False):
+        seen.append(json.loads((d / "run.json").read_text())["attempts"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "_run_cli", killed)
+    with pytest.raises(KeyboardInterrupt):
+        compare._attempt(RunSpec("E-v0", "ppo", "ppo", 1, 1000, str(d)), "train", d / "train.log")
+    assert [(a["kind"], a["status"]) for a in seen[0]] == [("train", None)]
+    assert json.loads((d / "run.json").read_text())["attempts"] == seen[0]
 
 
 def test_plan_reads_the_run_directory(tmp_path):

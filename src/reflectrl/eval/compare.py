@@ -249,12 +249,16 @@ def _attempt(spec: RunSpec, action: str, log: Path) -> dict[str, Any]:
                 str(spec.total_timesteps), "--run-dir", str(d), "--no-progress", *spec.train_args]
     offset = log.stat().st_size if log.exists() else 0
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    # recorded before it starts: if this process is killed, the entry stays with status null, so a
+    # report knows the run's recorded time leaves an attempt out
+    info["attempts"].append({"kind": action, "status": None, "at": started})
+    _write_json(d / RUN_FILE, info)
     rc, out, wall = _run_cli(args, log, capture=True)
     attempt = {"kind": action, "wall_s": wall, "status": rc, "at": started}
     summary = _last_json(out)
     if summary and isinstance(summary.get("wall_s"), (int, float)):
         attempt["learn_s"] = summary["wall_s"]  # the training loop alone (no start-up, env creation, imports)
-    info["attempts"].append(attempt)
+    info["attempts"][-1] = attempt
     _write_json(d / RUN_FILE, info)
     if rc != 0:
         return failed_result(spec, f"{'resume' if action == 'resume' else 'train'} exited with status {rc}: "

@@ -78,9 +78,10 @@ def _mean_or_none(vals) -> float | None:
 
 
 def _wall(runs: Sequence[RunData]) -> str:
-    """``process (loop)`` seconds, means over runs."""
+    """``process (loop)`` seconds, means over runs; ``+`` marks a lower bound (a killed attempt's time is missing)."""
     proc, loop = _mean_or_none(r.train_wall_s for r in runs), _mean_or_none(r.learn_s for r in runs)
-    return f"{_num(proc, 1)}" + (f" ({_num(loop, 1)})" if loop is not None else "")
+    plus = "+" if any(r.killed_attempts for r in runs) else ""
+    return f"{_num(proc, 1)}{plus}" + (f" ({_num(loop, 1)}{plus})" if loop is not None else "")
 
 
 def env_table(env: str, by_method: dict[str, list[RunData]], opts: ReportOptions) -> list[str]:
@@ -149,7 +150,8 @@ def runs_table(groups: dict[str, dict[str, list[RunData]]], root: Path, opts: Re
         total = _env_total([r for rs in by_method.values() for r in rs])
         for method in _ordered(by_method, opts.methods):
             for r in by_method[method]:
-                kinds = [a.get("kind") for a in r.info.get("attempts", []) if a.get("kind") in ("train", "resume")]
+                kinds = [a.get("kind") + (" (killed)" if a.get("status") is None else "")
+                         for a in r.info.get("attempts", []) if a.get("kind") in ("train", "resume")]
                 try:
                     where = r.run_dir.relative_to(root)
                 except ValueError:
@@ -181,7 +183,8 @@ DEFINITIONS = """## Definitions
 - **Wall time per run**: wall-clock seconds of the `reflectrl train` processes of a run (all attempts,
   including resumes after an interruption; evaluation excluded), mean over the method's runs; in parentheses
   the seconds inside the training loop alone (the trainer's own `wall_s`: no interpreter start-up, imports
-  or env creation), the figure to compare the compute cost of methods by.
+  or env creation), the figure to compare the compute cost of methods by. A `+` marks a lower bound: an
+  attempt of some run was killed before it could record its time (`(killed)` in the Runs table).
 - **curves.png**: per env, the mean over seeds of each method's interpolated `charts/episodic_return` on a
   common step grid, with Student's t 95% band of that mean.
 """

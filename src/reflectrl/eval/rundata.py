@@ -90,6 +90,13 @@ class RunData:
         """Seconds inside the training loop (the trainer's own ``wall_s``) over every recorded attempt."""
         return self._attempt_sum("learn_s")
 
+    @property
+    def killed_attempts(self) -> int:
+        """Training attempts that started but never recorded an end (their process was killed), so
+        ``train_wall_s`` and ``learn_s`` leave their time out."""
+        return sum(1 for a in self.info.get("attempts", [])
+                   if a.get("kind") in ("train", "resume") and a.get("status") is None)
+
     def _attempt_sum(self, key: str) -> float | None:
         vals = [a[key] for a in self.info.get("attempts", []) if a.get("kind") in ("train", "resume") and key in a]
         return float(sum(vals)) if vals else None

@@ -371,7 +371,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="bootstrap implementation (rliable needs `pip install rliable 'pandas<3'`)")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: write report.md and curves.png from the runs finished so far (the others "
-                         "are listed as not finished), e.g. while the comparison runs in another process")
+                         "are listed as not finished or in conflict), e.g. while the comparison runs in another "
+                         "process")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], metavar="TRAIN FLAGS",
                     help="flags passed to every `reflectrl train` (must come last), e.g. --extra --num-envs 8")
     return ap
@@ -451,7 +452,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     specs = build_grid(methods, args.env_ids, range(1, args.seeds + 1), args.total_timesteps, out, extra,
                        args.eval_episodes)
-    planned = [plan(s) for s in specs]
+    planned = [plan(s) for s in specs]  # (action, why) per run
     plans = [p for p, _ in planned]
     todo = [s for s, p in zip(specs, plans) if p != "skip"]
     counts = {k: plans.count(k) for k in ("skip", "resume", "train", "conflict")}

@@ -150,8 +150,7 @@ def runs_table(groups: dict[str, dict[str, list[RunData]]], root: Path, opts: Re
         total = _env_total([r for rs in by_method.values() for r in rs])
         for method in _ordered(by_method, opts.methods):
             for r in by_method[method]:
-                kinds = [a.get("kind") + (" (killed)" if a.get("status") is None else "")
-                         for a in r.info.get("attempts", []) if a.get("kind") in ("train", "resume")]
+                kinds = [a["kind"] + (" (killed)" if a.get("status") is None else "") for a in r.train_attempts]
                 try:
                     where = r.run_dir.relative_to(root)
                 except ValueError:

@@ -91,14 +91,18 @@ class RunData:
         return self._attempt_sum("learn_s")
 
     @property
+    def train_attempts(self) -> list[dict]:
+        """The ``reflectrl train`` attempts recorded in ``run.json`` (train and resumes; evaluations left out)."""
+        return [a for a in self.info.get("attempts", []) if a.get("kind") in ("train", "resume")]
+
+    @property
     def killed_attempts(self) -> int:
         """Training attempts that started but never recorded an end (their process was killed), so
         ``train_wall_s`` and ``learn_s`` leave their time out."""
-        return sum(1 for a in self.info.get("attempts", [])
-                   if a.get("kind") in ("train", "resume") and a.get("status") is None)
+        return sum(1 for a in self.train_attempts if a.get("status") is None)
 
     def _attempt_sum(self, key: str) -> float | None:
-        vals = [a[key] for a in self.info.get("attempts", []) if a.get("kind") in ("train", "resume") and key in a]
+        vals = [a[key] for a in self.train_attempts if key in a]
         return float(sum(vals)) if vals else None
 
 

@@ -1,0 +1,110 @@
+"""Short runs of every algo at fixed seeds whose ``metrics.jsonl`` are kept as golden files.
+
+``python tests/golden/runs.py --record`` rewrites the golden files (only when a change of behaviour
+is meant, and documented); ``tests/test_golden.py`` reruns each and asserts the records are equal,
+bit for bit, timing fields aside.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PPO_ARGS = ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "32", "--total-timesteps", "512",
+            "--update-epochs", "2", "--seed", "3"]
+GEAR_ARGS = PPO_ARGS + ["--seed-group-size", "2", "--gear-distill-epochs", "2"]
+DQN_ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "800", "--learning-starts", "200", "--buffer-size", "500",
+            "--log-interval", "200", "--target-network-frequency", "50", "--train-frequency", "4", "--batch-size", "32",
+            "--seed", "3"]
+CONTROL = {
+    "ppo": PPO_ARGS,
+    "refgrpo-seed": PPO_ARGS,
+    "gear-seed": GEAR_ARGS,
+    "gear-seed-rank": GEAR_ARGS + ["--gear-rank-coef", "0.5"],
+    "exgrpo-seed": PPO_ARGS + ["--refl-min-memory", "4"],
+    "dqn": DQN_ARGS,
+    "exgrpo-seed-dqn": DQN_ARGS + ["--refl-every", "100", "--refl-min-memory", "4"],
+}
+LLM = {"grpo": [], "drgrpo": [], "dapo": []}
+LLM_ARGS = ["--task", "golden-arith", "--updates", "3", "--prompts-per-update", "4", "--group-size", "4",
+            "--max-new-tokens", "6", "--learning-rate", "1e-3", "--seed", "2", "--gen-batch", "8",
+            "--reward-workers", "0", "--minibatches", "2"]
+ALGO_NAME = {"gear-seed-rank": "gear-seed"}
+
+
+def is_timing(key: str) -> bool:
+    """Fields that measure time, not behaviour."""
+    return key.startswith("time/") or key in ("charts/SPS", "charts/samples_per_s", "charts/tokens_per_s")
+
+
+def strip(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in recs]
+
+
+def register_golden_task() -> None:
+    """``golden-arith``: the arith task on one-digit operands, which a tiny model half-learns in seconds."""
+    from reflectrl.tasks.arith import ArithTask
+    from reflectrl.tasks.base import TASKS, register_task
+
+    if "golden-arith" not in TASKS:
+        register_task("golden-arith")(lambda **kw: ArithTask(digits=1, n_train=100, n_heldout=20, **kw))
+
+
+def tiny_model(tmp: Path) -> Path:
+    """A tiny random-init model, briefly warmed up so that rewards vary within groups."""
+    from reflectrl.llm.tiny import init_tiny
+    from reflectrl.llm.warmup import WarmupConfig, warmup
+
+    register_golden_task()
+    warm = tmp / "warm"
+    if not (warm / "config.json").exists():
+        base = init_tiny(tmp / "tiny", layers=1, width=32, heads=2, max_positions=128, seed=0)
+        warmup(WarmupConfig(model=str(base), task="golden-arith", out=str(warm), steps=150, batch_size=32,
+                            learning_rate=3e-3, max_new_tokens=6, progress=False))
+    return warm
+
+
+def run(name: str, tmp: Path) -> list[dict[str, Any]]:
+    """Train one golden run in ``tmp`` through the CLI; return its metrics records."""
+    from reflectrl.cli import main
+    from reflectrl.runlog import read_metrics
+
+    run_dir = tmp / name
+    common = ["--run-dir", str(run_dir), "--no-progress", "--no-tensorboard"]
+    if name in LLM:
+        model = tiny_model(tmp)
+        argv = ["llm", "train", "--algo", name, "--model", str(model), *LLM_ARGS, *LLM[name], *common,
+                "--no-export-model", "--sample-interval", "0"]
+    else:
+        argv = ["train", "--algo", ALGO_NAME.get(name, name), *CONTROL[name], *common]
+    rc = main(argv)
+    if rc != 0:
+        raise RuntimeError(f"golden run {name} failed ({rc}): {' '.join(argv)}")
+    return strip(read_metrics(run_dir / "metrics.jsonl"))
+
+
+NAMES = [*CONTROL, *LLM]
+
+
+def golden_path(name: str) -> Path:
+    return HERE / f"{name}.jsonl"
+
+
+def load(name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in golden_path(name).read_text().splitlines() if line.strip()]
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    if "--record" not in sys.argv:
+        sys.exit("usage: python tests/golden/runs.py --record [NAME ...]")
+    which = [a for a in sys.argv[1:] if a != "--record"] or NAMES
+    with tempfile.TemporaryDirectory() as d:
+        for name in which:
+            recs = run(name, Path(d))
+            golden_path(name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+            print(f"recorded {name}: {len(recs)} records")

@@ -33,7 +33,8 @@ from pathlib import Path
 def worker_reflectrl(a) -> dict:
     import torch
 
-    from reflectrl.llm.grpo import GRPO, config_for_algo
+    from reflectrl.llm.config import config_for_algo
+    from reflectrl.llm.grpo import GRPO
 
     cfg = config_for_algo("grpo", task="arith", model=a.model, run_dir=str(Path(a.tmp) / "reflectrl"),
                           updates=a.warmup + a.steps, prompts_per_update=a.rows // a.group_size,
@@ -114,7 +115,7 @@ def worker_engines(a) -> dict:
     import torch
 
     from reflectrl.llm.policy import load_policy
-    from reflectrl.llm.rollout import make_engine
+    from reflectrl.llm.engines import make_engine
     from reflectrl.tasks.base import get_task
 
     torch.set_num_threads(a.threads)

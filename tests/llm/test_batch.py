@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from reflectrl.llm.grpo import GRPO, config_for_algo
+from reflectrl.llm.config import config_for_algo
+from reflectrl.llm.grpo import GRPO
 from reflectrl.llm.policy import TokenOutputs
-from reflectrl.llm.rollout import RowResult, Segment, TokenBatch, build_batch
+from reflectrl.llm.batch import RowResult, Segment, TokenBatch, build_batch
 
 PAD = 0
 

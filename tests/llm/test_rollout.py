@@ -2,7 +2,9 @@
 
 import torch
 
-from reflectrl.llm.rollout import HFGenerate, Rollout, TokenBatch, TorchSampler, make_engine
+from reflectrl.llm.batch import TokenBatch
+from reflectrl.llm.engines import HFGenerate, TorchSampler, make_engine
+from reflectrl.llm.rollout import Rollout
 from reflectrl.tasks.base import get_task
 
 

@@ -79,7 +79,7 @@ def test_lora_policy_reference_heads_and_export(tiny_dir, tmp_path):
     """LoRA trains only the adapter (and heads); the reference is the adapter-free base; the export
     merges the adapter into a plain model directory that loads back with the heads."""
     from reflectrl.llm.policy import load_policy
-    from reflectrl.llm.rollout import RowResult, Segment, build_batch
+    from reflectrl.llm.batch import RowResult, Segment, build_batch
 
     pol = load_policy(tiny_dir, lora_r=4, ref=True)
     pol.add_head("value")

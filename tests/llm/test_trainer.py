@@ -6,8 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reflectrl.llm.grpo import CHECKPOINT, GRPO, config_for_algo
-from reflectrl.llm.rollout import RowResult, Segment, build_batch
+from reflectrl.llm.config import CHECKPOINT, config_for_algo
+from reflectrl.llm.grpo import GRPO
+from reflectrl.llm.batch import RowResult, Segment, build_batch
 from reflectrl.runlog import read_metrics
 
 

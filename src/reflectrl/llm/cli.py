@@ -68,7 +68,8 @@ def _train_front(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def cmd_train(argv: list[str]) -> int:
     import tyro
 
-    from .grpo import CHECKPOINT, GRPO, LLM_ALGOS, config_for_algo
+    from .config import CHECKPOINT, LLM_ALGOS, config_for_algo
+    from .grpo import GRPO
 
     front, rest = _train_front(argv)
     algos = "|".join(sorted(LLM_ALGOS))
@@ -142,7 +143,7 @@ COMMANDS = {"init-tiny": cmd_init_tiny, "warmup": cmd_warmup, "train": cmd_train
 
 def main(argv: list[str] | None = None) -> int:
     """``reflectrl llm COMMAND ...``."""
-    from .grpo import LLM_ALGOS
+    from .config import LLM_ALGOS
 
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = USAGE.format(algos="|".join(sorted(LLM_ALGOS)))

@@ -17,7 +17,8 @@ import torch
 from ..errors import ConfigError, ReflectRLError
 from ..tasks.base import SPLITS, Task, get_task
 from .policy import Policy, load_policy
-from .rollout import Rollout, make_engine
+from .engines import make_engine
+from .rollout import Rollout
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -101,7 +102,7 @@ def load_for_eval(path: str | Path, device: str = "cpu") -> tuple[Policy, dict[s
     """A policy from a model directory, or from a GRPO run directory's latest checkpoint (its base
     model plus the trained weights); returns it with the run's config (empty for a model directory)."""
     from ..checkpoint import load_checkpoint
-    from .grpo import CHECKPOINT, is_llm_run_dir, load_llm_config
+    from .config import CHECKPOINT, is_llm_run_dir, load_llm_config
 
     p = Path(path)
     if is_llm_run_dir(p):

@@ -25,211 +25,23 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any
 
 import torch
 
 from ..checkpoint import (extend_budget, load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks,
                           unpack_optimizer)
-from ..core import LOSS_AGG_MODES, agg_loss, approx_kl, get_adv_est, list_registered, masked_mean, ppo_policy_loss
+from ..core import agg_loss, approx_kl, get_adv_est, masked_mean, ppo_policy_loss
 from ..errors import CheckpointError, ConfigError
 from ..progress import TrainProgress
 from ..runlog import open_run, truncate_metrics
 from ..tasks.base import Problem, get_task
 from .policy import load_policy
-from .rollout import Rollout, TokenBatch, make_engine
-
-CHECKPOINT = "checkpoint.safetensors"
-SAMPLES = "samples.jsonl"
-
-
-@dataclass
-class GRPOConfig:
-    """GRPO-family RL on a verifiable task; --algo picks a variant's defaults, explicit flags override them."""
-
-    task: str = "arith"
-    """Registered task name (arith, codegen, text2sql, ...)."""
-    model: str = ""
-    """Hugging Face model directory (or hub id where a hub is reachable)."""
-    algo: str = "grpo"
-    """Variant whose defaults were applied (grpo, drgrpo, dapo); recorded in config.json."""
-    run_dir: Optional[str] = None
-    """Where metrics, samples, TensorBoard events and checkpoints go (default runs/<task>__<algo>__<seed>__<time>)."""
-    seed: int = 1
-    """Seed of sampling, problem order and minibatch order."""
-    updates: int = 100
-    """Rollout + optimizer-update iterations to train for."""
-    prompts_per_update: int = 16
-    """Problems per rollout batch."""
-    group_size: int = 8
-    """Samples per problem (G); group advantages compare them."""
-    max_new_tokens: int = 32
-    """Token limit of one completion (one turn)."""
-    max_turns: Optional[int] = None
-    """Turns per episode (default 1 for single-turn tasks, the task's ``max_turns`` or 6 for multi-turn)."""
-    max_response_tokens: Optional[int] = None
-    """Token budget of a whole response, completions plus feedback (default max_new_tokens x turns x 2 multi-turn)."""
-    temperature: float = 1.0
-    """Sampling temperature (log-probs in the loss use the same one)."""
-    top_k: int = 0
-    """Sample from the top-k tokens only (0: the whole vocabulary)."""
-    learning_rate: float = 1e-6
-    """AdamW learning rate."""
-    lr_schedule: Literal["constant", "linear"] = "constant"
-    """Constant, or linear decay to 0 over ``updates``."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.99
-    adam_eps: float = 1e-8
-    max_grad_norm: float = 1.0
-    """Global gradient-norm clip (0 disables it)."""
-    adv_estimator: str = "grpo"
-    """Registered advantage estimator (core registry): grpo (mean/std), drgrpo (mean only), ..."""
-    loss_agg_mode: str = "seq-mean-token-mean"
-    """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm."""
-    norm_len: Optional[int] = None
-    """Divisor of seq-mean-token-sum-norm (default: max_response_tokens)."""
-    clip_low: float = 0.2
-    """Lower clip range of the ratio (and the upper one unless clip_high is set)."""
-    clip_high: Optional[float] = None
-    """Upper clip range (clip-higher, e.g. 0.28); None is symmetric."""
-    kl_coef: float = 0.0
-    """Weight of the KL penalty to the frozen reference (0: no reference is kept)."""
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    """Per-token KL estimator."""
-    entropy_coef: float = 0.0
-    """Entropy bonus coefficient."""
-    filter_zero_std: bool = False
-    """Leave groups whose rewards are all equal out of the update (DAPO's dynamic-sampling filter)."""
-    ppo_epochs: int = 1
-    """Passes over each rollout batch (mu); > 1 computes old log-probs in a separate pass."""
-    minibatches: int = 1
-    """Optimizer steps per pass (rows split into this many minibatches)."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step (gradient accumulation; the loss equals the unsplit one)."""
-    dedupe: bool = True
-    """Run the training forward once per distinct row of a group (identical samples: same loss and
-    gradient), weighting it by its multiplicity; exact, and faster when the policy is peaked."""
-    lora_r: int = 0
-    """LoRA rank (0 trains every weight)."""
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    dtype: str = "float32"
-    """float32 | bfloat16 | float16."""
-    device: str = "cpu"
-    """torch device of the policy (cpu, cuda, cuda:1, ...)."""
-    engine: str = "torch"
-    """Generation engine: torch (KV-cache sampling loop) or hf (model.generate); others register."""
-    gen_batch: int = 128
-    """Rows generated together (larger is faster per token); rewards of one chunk are computed while the
-    next generates."""
-    reward_workers: int = 4
-    """Threads that run env steps / reward functions (0: inline)."""
-    sandbox_batch: int = 16
-    """Jobs per sandbox launch for tasks that run code in the sandbox (codegen, humaneval): the rollout scores
-    each generated chunk with one call and the task runs its tests in batches of this size, each job still in
-    its own forked process (docs/sandbox.md); 1: one sandbox launch per completion, one env step each."""
-    reward_cache: int = 100_000
-    """Remember the scores of this many (problem, completion) pairs of a single-turn task, so a completion
-    sampled again is not verified again (0: only duplicates within one rollout share a score)."""
-    eval_interval: int = 0
-    """Greedy held-out accuracy every this many updates (0: never)."""
-    eval_problems: int = 200
-    """Held-out problems in that evaluation."""
-    save_interval: int = 10
-    """Checkpoint every this many updates (and always at the end); 0 saves only at the end."""
-    sample_interval: int = 10
-    """Write sample completions to samples.jsonl every this many updates (0: never)."""
-    samples_per_log: int = 4
-    """Completions written each time."""
-    time_limit_s: Optional[float] = None
-    """Stop (with a checkpoint) once this much wall time has passed."""
-    cpu_time_limit_s: Optional[float] = None
-    """Stop (with a checkpoint) once this much CPU time has been used by the trainer (all threads) and the
-    processes it ran (sandboxed tests): a compute budget that does not depend on what else the machine runs."""
-    threads: int = 1
-    """torch CPU threads."""
-    progress: bool = True
-    """Show a progress bar."""
-    tensorboard: bool = True
-    """Write TensorBoard events to RUN_DIR/tb."""
-    track: bool = False
-    """Log to Weights & Biases."""
-    wandb_project_name: str = "reflectrl"
-    export_model: bool = True
-    """Write the final policy as a Hugging Face model directory RUN_DIR/model."""
-
-    @property
-    def rows(self) -> int:
-        return self.prompts_per_update * self.group_size
-
-    def budget_schedules(self) -> list[str]:
-        """The enabled settings whose values follow ``updates`` (see :func:`reflectrl.checkpoint.extend_budget`);
-        a method hook's progress-based schedule (``StepBatch.progress``) follows it too."""
-        return ["--lr-schedule linear"] if self.lr_schedule == "linear" else []
-
-    def validate(self) -> None:
-        """Raise ConfigError for an impossible or inconsistent setting."""
-        checks = [
-            (self.model != "", "--model is required: a Hugging Face model directory "
-                               "(make one with `reflectrl llm init-tiny DIR`)"),
-            (self.updates >= 1, f"updates must be >= 1, got {self.updates}"),
-            (self.prompts_per_update >= 1, f"prompts_per_update must be >= 1, got {self.prompts_per_update}"),
-            (self.group_size >= 2,
-             f"group_size must be >= 2 (group advantages compare samples), got {self.group_size}"),
-            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
-            (self.max_turns is None or self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}"),
-            (self.temperature > 0, "temperature must be > 0 for training (0 makes every sample of a group "
-                                   f"identical), got {self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
-            (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
-            (0 < self.clip_low < 1, f"clip_low must be in (0, 1), got {self.clip_low}"),
-            (self.clip_high is None or self.clip_high > 0, f"clip_high must be > 0, got {self.clip_high}"),
-            (self.kl_coef >= 0 and self.entropy_coef >= 0, "kl_coef and entropy_coef must be >= 0"),
-            (self.loss_agg_mode in LOSS_AGG_MODES,
-             f"unknown loss_agg_mode {self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}"),
-            (self.ppo_epochs >= 1 and self.minibatches >= 1 and self.grad_accum >= 1,
-             "ppo_epochs, minibatches and grad_accum must be >= 1"),
-            (self.minibatches * self.grad_accum <= self.rows,
-             f"minibatches x grad_accum ({self.minibatches} x {self.grad_accum}) exceeds the rows of a batch "
-             f"(prompts_per_update x group_size = {self.rows})"),
-            (self.max_grad_norm >= 0, "max_grad_norm must be >= 0"),
-            (self.gen_batch >= 1 and self.reward_workers >= 0 and self.reward_cache >= 0,
-             "gen_batch must be >= 1, reward_workers and reward_cache >= 0"),
-            (self.norm_len is None or self.norm_len >= 1, "norm_len must be >= 1"),
-            (self.sandbox_batch >= 1, f"sandbox_batch must be >= 1, got {self.sandbox_batch}"),
-            (self.lora_r >= 0, f"lora_r must be >= 0, got {self.lora_r}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(msg)
-        if self.adv_estimator not in list_registered()["adv_estimators"]:
-            raise ConfigError(f"unknown adv_estimator {self.adv_estimator!r}; registered: "
-                              f"{', '.join(list_registered()['adv_estimators'])}")
-
-
-# the defaults each --algo applies on top of GRPOConfig's
-LLM_ALGOS: dict[str, dict[str, Any]] = {
-    "grpo": {},
-    "drgrpo": {"adv_estimator": "drgrpo", "loss_agg_mode": "seq-mean-token-sum-norm"},
-    "dapo": {"clip_high": 0.28, "loss_agg_mode": "token-mean", "filter_zero_std": True},
-}
-
-
-def register_llm_algo(name: str, defaults: dict[str, Any]) -> None:
-    """Make ``reflectrl llm train --algo NAME`` start from ``defaults`` (a method registers its preset)."""
-    LLM_ALGOS[name] = dict(defaults)
-
-
-def config_for_algo(algo: str, **overrides: Any) -> GRPOConfig:
-    """GRPOConfig with the defaults of ``algo`` and then ``overrides``."""
-    if algo not in LLM_ALGOS:
-        raise ConfigError(f"unknown LLM algo {algo!r}; available: {', '.join(sorted(LLM_ALGOS))}")
-    return GRPOConfig(**{**LLM_ALGOS[algo], "algo": algo, **overrides})
-
+from .batch import TokenBatch
+from .config import CHECKPOINT, SAMPLES, GRPOConfig, load_llm_config
+from .engines import make_engine
+from .rollout import Rollout
 
 def _call(hooks: list[Any], name: str, *args: Any) -> list[Any]:
     return [getattr(h, name)(*args) for h in hooks if hasattr(h, name)]
@@ -674,30 +486,3 @@ def _zero_std_rows(batch: TokenBatch) -> torch.Tensor:
     lo = torch.full((n,), float("inf")).scatter_reduce(0, inv, batch.scores, "amin")
     hi = torch.full((n,), float("-inf")).scatter_reduce(0, inv, batch.scores, "amax")
     return (hi - lo)[inv] <= 1e-12
-
-
-def load_llm_config(run_dir: str | Path) -> GRPOConfig:
-    """Read ``RUN_DIR/config.json`` of an LLM run into a GRPOConfig."""
-    run_dir = Path(run_dir)
-    path = run_dir / "config.json"
-    if not run_dir.is_dir():
-        raise CheckpointError(f"run directory {run_dir} does not exist")
-    if not path.is_file():
-        raise CheckpointError(f"{run_dir} is not a reflectrl run directory (no config.json)")
-    try:
-        raw = json.loads(path.read_text())
-        names = {f.name for f in dataclasses.fields(GRPOConfig)}
-        if raw.get("kind") != "llm":
-            raise CheckpointError(f"{run_dir} is not an LLM run directory (written by `reflectrl train`?)")
-        return GRPOConfig(**{k: v for k, v in raw.items() if k in names})
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise CheckpointError(f"{path} is corrupt ({exc})") from None
-
-
-def is_llm_run_dir(path: str | Path) -> bool:
-    """True for a directory written by :meth:`GRPO.learn` (config.json of kind llm + a checkpoint)."""
-    p = Path(path)
-    try:
-        return (p / CHECKPOINT).is_file() and json.loads((p / "config.json").read_text()).get("kind") == "llm"
-    except (OSError, json.JSONDecodeError):
-        return False

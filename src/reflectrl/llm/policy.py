@@ -1,6 +1,6 @@
 """The LLM policy: any ``transformers`` causal LM + tokenizer, optional LoRA, heads, a frozen reference.
 
-:class:`Policy` turns a :class:`~reflectrl.llm.rollout.TokenBatch` into per-token quantities on the
+:class:`Policy` turns a :class:`~reflectrl.llm.batch.TokenBatch` into per-token quantities on the
 batch's response axis ``[rows, steps]``: log-probabilities of the tokens in the batch, entropies, and
 the last hidden state that *predicts* each token (the features methods' heads read). Heads are small
 modules on that hidden state (``add_head("value")``); they are saved and restored with the policy.
@@ -21,7 +21,7 @@ from ..core import entropy_from_logits
 from ..errors import ConfigError, ReflectRLError
 
 if TYPE_CHECKING:
-    from .rollout import TokenBatch
+    from .batch import TokenBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEADS_FILE = "reflectrl_heads.safetensors"

@@ -1,7 +1,7 @@
 """Supervised warm-up: fine-tune a causal LM on a task's ``demonstration(problem)`` completions.
 
 The loss is the mean negative log-likelihood of the demonstration tokens (and a closing eos) after
-the problem's prompt, on the same :class:`~reflectrl.llm.rollout.TokenBatch` layout the RL trainer
+the problem's prompt, on the same :class:`~reflectrl.llm.batch.TokenBatch` layout the RL trainer
 uses. ``stop_at_accuracy`` ends the warm-up once a greedy check on train problems reaches it, so
 RL starts weak-but-nonzero, where group advantages have signal.
 """
@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..progress import TrainProgress
 from ..tasks.base import get_task
 from .policy import load_policy
-from .rollout import RowResult, Segment, build_batch
+from .batch import RowResult, Segment, build_batch
 
 
 @dataclass

@@ -1,0 +1,156 @@
+"""Generation engines: what the rollout samples completions with.
+
+:class:`TorchSampler` (a KV-cache sampling loop that drops finished rows) is the default,
+:class:`HFGenerate` wraps ``model.generate``. A faster engine (vLLM, SGLang) plugs in by implementing
+:class:`GenerationEngine`'s two methods and registering it with :func:`register_engine`; see docs/llm.md.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+from .batch import left_pad
+from .policy import Policy
+
+
+class GenerationEngine(Protocol):
+    """What the rollout needs from a generator. ``generate`` returns, per prompt, the sampled token ids
+    (ending with an eos id or one of ``stop_ids`` when the model stopped, without padding); ``sync`` is
+    called after every optimizer step so an engine holding its own copy of the weights (vLLM) can
+    refresh them."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int] | int,
+                 generator: torch.Generator, greedy: bool = False, stop_ids: Sequence[int] = ()) -> list[list[int]]: ...
+
+    def sync(self, policy: Policy) -> None: ...
+
+
+class TorchSampler:
+    """Batched sampling with the model's KV cache; rows that finished are dropped from the batch (and
+    from the cache) as soon as they make up ``prune_frac`` of it. Uses its own ``torch.Generator``."""
+
+    def __init__(self, policy: Policy, temperature: float = 1.0, top_k: int = 0, prune_frac: float = 0.25):
+        self.policy, self.temperature, self.top_k, self.prune_frac = policy, temperature, top_k, prune_frac
+
+    def sync(self, policy: Policy) -> None:
+        self.policy = policy
+
+    @torch.inference_mode()
+    def generate(self, prompts, max_new_tokens, generator, greedy=False, stop_ids=()):
+        from transformers import DynamicCache
+
+        pol = self.policy
+        dev = pol.device
+        R = len(prompts)
+        budgets = torch.as_tensor([max_new_tokens] * R if isinstance(max_new_tokens, int) else list(max_new_tokens),
+                                  device=dev)
+        # the G rows of a group share their prompt: prefill each distinct prompt once, then copy its cache
+        first: dict[tuple[int, ...], int] = {}
+        inverse = torch.as_tensor([first.setdefault(tuple(p), len(first)) for p in prompts], device=dev)
+        ids, mask = left_pad([list(p) for p in first], pol.pad_id)
+        ids, mask = ids.to(dev), mask.long().to(dev)
+        pos = (mask.cumsum(1) - 1).clamp_min(0)
+        cache = DynamicCache(config=pol.config) if _cache_takes_config() else DynamicCache()
+        logits = pol.step_logits(ids, mask, pos, cache)
+        if len(first) < R:
+            cache.batch_select_indices(inverse)
+            logits, mask, pos = logits[inverse], mask[inverse], pos[inverse]
+        eos = torch.as_tensor(sorted(set(pol.eos_ids) | set(stop_ids)), device=dev)
+        toks = torch.full((R, max(int(budgets.max()), 1)), -1, dtype=torch.long, device=dev)
+        finished = budgets < 1
+        alive = torch.arange(R, device=dev)  # the original row of each batch slot
+        last_pos = pos[:, -1:]
+        step = 0
+        while True:
+            nxt = self._pick(logits, generator, greedy)
+            live = ~finished[alive]
+            toks[alive[live], step] = nxt[live]
+            step += 1
+            finished[alive[live & (torch.isin(nxt, eos) | (step >= budgets[alive]))]] = True
+            live = ~finished[alive]
+            if not bool(live.any()):
+                break
+            if float((~live).float().mean()) >= self.prune_frac:  # drop finished rows from batch and cache
+                sel = live.nonzero().squeeze(1)
+                cache.batch_select_indices(sel)
+                alive, nxt, mask, last_pos = alive[sel], nxt[sel], mask[sel], last_pos[sel]
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
+            last_pos = last_pos + 1
+            logits = pol.step_logits(nxt[:, None], mask, last_pos, cache)
+        rows = toks.cpu().tolist()
+        return [[t for t in row if t >= 0] for row in rows]
+
+    def _pick(self, logits: Tensor, generator: torch.Generator, greedy: bool) -> Tensor:
+        if greedy or self.temperature == 0:
+            return logits.argmax(-1)
+        logits = logits.float() / self.temperature
+        if self.top_k:
+            kth = logits.topk(self.top_k, -1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, -1)
+        # an exact draw from probs: argmax of probs / Exp(1) noise (cheaper than multinomial)
+        noise = torch.empty(probs.shape, dtype=probs.dtype, device=generator.device).exponential_(generator=generator)
+        return (probs / noise.to(probs.device)).argmax(-1)
+
+    @staticmethod
+    def _cut(seq: list[int], eos: list[int]) -> list[int]:
+        for i, t in enumerate(seq):
+            if t in eos:
+                return seq[:i + 1]
+        return seq
+
+
+def _cache_takes_config() -> bool:
+    import inspect
+
+    from transformers import DynamicCache
+
+    return "config" in inspect.signature(DynamicCache.__init__).parameters
+
+
+class HFGenerate:
+    """``model.generate`` (sampling or greedy, KV cache) seeded from the rollout's generator."""
+
+    def __init__(self, policy: Policy, temperature: float = 1.0, top_k: int = 0):
+        self.policy, self.temperature, self.top_k = policy, temperature, top_k
+
+    def sync(self, policy: Policy) -> None:
+        self.policy = policy
+
+    @torch.no_grad()
+    def generate(self, prompts, max_new_tokens, generator, greedy=False, stop_ids=()):
+        pol = self.policy
+        ends = sorted(set(pol.eos_ids) | set(stop_ids))
+        budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        ids, mask = left_pad(prompts, pol.pad_id)
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        sample = not (greedy or self.temperature == 0)
+        kw = dict(do_sample=sample, max_new_tokens=max(budgets), pad_token_id=pol.pad_id, eos_token_id=ends)
+        if sample:
+            kw.update(temperature=self.temperature, top_k=self.top_k or None, top_p=1.0)
+        with torch.random.fork_rng(devices=[] if pol.device.type == "cpu" else [pol.device]):
+            torch.manual_seed(seed)
+            gen = pol.model.generate(input_ids=ids.to(pol.device), attention_mask=mask.long().to(pol.device), **kw)
+        new = gen[:, ids.shape[1]:].tolist()
+        return [TorchSampler._cut(seq, ends)[:b] for seq, b in zip(new, budgets)]
+
+
+ENGINES: dict[str, Callable[..., GenerationEngine]] = {"torch": TorchSampler, "hf": HFGenerate}
+
+
+def register_engine(name: str, factory: Callable[..., GenerationEngine]) -> None:
+    """Make ``--engine NAME`` build ``factory(policy, temperature=..., top_k=...)``."""
+    ENGINES[name] = factory
+
+
+def make_engine(name: str, policy: Policy, temperature: float = 1.0, top_k: int = 0) -> GenerationEngine:
+    """Build a registered generation engine."""
+    if name not in ENGINES:
+        hint = ("; vLLM is a plug point, not a dependency: wrap vllm.LLM in a GenerationEngine and "
+                "register_engine('vllm', ...) (docs/llm.md)") if name == "vllm" else ""
+        raise ConfigError(f"unknown generation engine {name!r}; available: {', '.join(sorted(ENGINES))}{hint}")
+    return ENGINES[name](policy, temperature=temperature, top_k=top_k)

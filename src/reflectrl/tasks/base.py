@@ -167,7 +167,7 @@ def load_tasks() -> dict[str, Callable[..., Task]]:
     """Import the built-in task modules (each registers itself) and return the registry."""
     import importlib
 
-    for mod in ("arith", "codegen", "humaneval", "text2sql"):
+    for mod in ("arith", "codegen", "humaneval", "text2sql", "rag"):
         try:
             importlib.import_module(f"reflectrl.tasks.{mod}")
         except ModuleNotFoundError as exc:

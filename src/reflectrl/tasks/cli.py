@@ -55,7 +55,12 @@ def _splits(choice: str) -> tuple[str, ...]:
 
 
 def _episode_ok(task, problem: Problem) -> bool:
-    """Whether the reference, played as one final turn of the task's environment, gets reward 1."""
+    """Whether the reference, played as one final turn of the task's environment, gets reward 1; a task
+    with its own scripted oracle (``oracle_episode(problem) -> bool``, e.g. rag: search, read, answer)
+    plays that instead."""
+    oracle = getattr(task, "oracle_episode", None)
+    if callable(oracle):
+        return bool(oracle(problem))
     env = task.make_env()
     env.reset(problem)
     _, reward, done, info = env.step(task.demonstration(problem))

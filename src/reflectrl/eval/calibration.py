@@ -1,0 +1,243 @@
+"""Calibration of self-reports: stated confidences (Brier score, ECE, AUROC, risk-coverage) and binary
+reflections (reflection accuracy, under- and overconfidence, selective prediction).
+
+Every function takes lists, numpy arrays or torch tensors (bool, int or float; any shape, flattened) and
+returns plain Python floats (or numpy arrays for curves). A rate without a denominator is NaN.
+
+- A confidence is a number q in [0, 1]: the stated probability that the rollout is correct. A missing one
+  (None or NaN) drops that rollout from the confidence metrics; a value outside [0, 1] is an error.
+- ``correct`` is the outcome: 0 / 1 (or False / True). ``brier`` and ``ece`` also accept fractional
+  outcomes in [0, 1]; ``auroc``, ``risk_coverage`` and ``reflection_metrics`` need binary ones.
+- A reflection is a binary self-report ŝ: 1 ("solved") or 0 ("unsolved"); a missing one (None or NaN) is
+  left out of every rate and counted in ``missing_rate``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["auroc", "brier", "ece", "reflection_metrics", "reliability_bins", "reliability_diagram", "risk_coverage",
+           "risk_coverage_curve"]
+
+NAN = float("nan")
+
+
+def _array(x: Any, name: str) -> np.ndarray:
+    """``x`` (list, numpy array, torch tensor, scalar) as a flat float64 array; None becomes NaN."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
+        x = x.detach().cpu().numpy()
+    if isinstance(x, (list, tuple)):
+        x = [NAN if v is None else v for v in x]
+    try:
+        out = np.asarray(x, dtype=np.float64).ravel()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numbers (a list, numpy array or torch tensor): {exc}") from None
+    return out
+
+
+def _pairs(confidence: Any, correct: Any, binary: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(q, y) with the rollouts that have no confidence removed; checks ranges and lengths."""
+    q, y = _array(confidence, "confidence"), _array(correct, "correct")
+    if q.shape != y.shape:
+        raise ValueError(f"confidence and correct must have the same length, got {q.size} and {y.size}")
+    if np.isnan(y).any():
+        raise ValueError("correct has missing values (None or NaN); outcomes are never missing")
+    keep = ~np.isnan(q)
+    q, y = q[keep], y[keep]
+    if ((q < 0) | (q > 1)).any():
+        raise ValueError(f"confidences must lie in [0, 1], got values from {q.min():g} to {q.max():g}")
+    if binary and not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError("correct must be binary (0/1 or False/True) here")
+    if not binary and ((y < 0) | (y > 1)).any():
+        raise ValueError("correct must lie in [0, 1]")
+    return q, y
+
+
+def brier(confidence: Any, correct: Any) -> float:
+    """Brier score: mean over rollouts of (q - correct)^2 (0 is perfect, 0.25 is a constant 0.5); NaN if empty."""
+    q, y = _pairs(confidence, correct, binary=False)
+    return float(np.mean((q - y) ** 2)) if q.size else NAN
+
+
+def _bin_index(q: np.ndarray, bins: int) -> np.ndarray:
+    """Bin i = min(floor(q * bins), bins - 1) of equal-width bins on [0, 1]: a confidence of 1 is in the last."""
+    if not (isinstance(bins, (int, np.integer)) and bins >= 1):
+        raise ValueError(f"bins must be a positive integer, got {bins!r}")
+    return np.minimum(np.floor(q * bins).astype(np.int64), bins - 1)
+
+
+def reliability_bins(confidence: Any, correct: Any, bins: int = 10) -> dict[str, np.ndarray]:
+    """Per equal-width bin on [0, 1]: ``count``, ``confidence`` (mean q) and ``accuracy`` (mean outcome);
+    NaN means for empty bins; ``edges`` has ``bins + 1`` entries."""
+    q, y = _pairs(confidence, correct, binary=False)
+    idx = _bin_index(q, bins)
+    count = np.bincount(idx, minlength=bins).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        conf = np.bincount(idx, weights=q, minlength=bins) / count
+        acc = np.bincount(idx, weights=y, minlength=bins) / count
+    return {"edges": np.linspace(0.0, 1.0, bins + 1), "count": count, "confidence": conf, "accuracy": acc}
+
+
+def ece(confidence: Any, correct: Any, bins: int = 10) -> float:
+    """Expected calibration error: sum over equal-width bins of (bin's share of rollouts) * |mean q - accuracy|.
+
+    Bin i holds min(floor(q * bins), bins - 1), so bins are [i/B, (i+1)/B) and the last one also holds
+    q = 1. NaN if empty."""
+    b = reliability_bins(confidence, correct, bins)
+    n = b["count"].sum()
+    if n == 0:
+        return NAN
+    used = b["count"] > 0
+    return float(np.sum(b["count"][used] / n * np.abs(b["confidence"][used] - b["accuracy"][used])))
+
+
+def auroc(confidence: Any, correct: Any) -> float:
+    """Area under the ROC curve of the confidence as a score for correctness: the probability that a correct
+    rollout has a higher confidence than a wrong one, ties counting one half (Mann-Whitney U / (n1 n0)).
+
+    NaN when there is only one class (all correct or all wrong: the ROC curve is undefined) or no rollout."""
+    from scipy import stats
+
+    q, y = _pairs(confidence, correct, binary=True)
+    pos, neg = q[y == 1], q[y == 0]
+    if pos.size == 0 or neg.size == 0:
+        return NAN
+    u = stats.mannwhitneyu(pos, neg, alternative="two-sided").statistic  # U of the correct rollouts
+    return float(u / (pos.size * neg.size))
+
+
+def _rate(num: float, den: float) -> float:
+    return float(num / den) if den else NAN
+
+
+def reflection_metrics(reflection: Any, outcome: Any) -> dict[str, float]:
+    """Agreement of binary self-reports ŝ (1 solved, 0 unsolved, None/NaN missing) with outcomes o (0/1).
+
+    Rollouts without a reflection are left out of every rate below (so all rates describe the same
+    rollouts) and counted in ``missing_rate`` (their share of all rollouts) and ``missing``; ``n`` is the
+    number kept. Keys (plain floats; NaN where a rate has no denominator):
+
+    - ``task_accuracy``: P(o = 1). ``reflection_accuracy``: P(ŝ = o).
+    - ``underconfidence``: P(o = 1 | ŝ = 0), flagged unsolved but right.
+      ``overconfidence``: P(o = 0 | ŝ = 1), flagged solved but wrong.
+    - ``delta``: reflection_accuracy - task_accuracy. ``best_constant``: max(acc, 1 - acc), the reflection
+      accuracy of the better constant reflection (always "solved" or always "unsolved"); a reflection beats
+      guessing only when its accuracy exceeds it.
+    - Selective prediction, reading ŝ = 1 as "commit to the answer" and ŝ = 0 as "abstain":
+      ``coverage`` P(ŝ = 1); ``selective_accuracy`` P(o = 1 | ŝ = 1); ``selective_score`` the mean over
+      rollouts of +1 for a committed correct answer, -1 for a committed wrong one and 0 for an abstention,
+      i.e. P(ŝ = 1, o = 1) - P(ŝ = 1, o = 0), in [-1, 1]. Always committing scores 2·acc - 1, always
+      abstaining 0, a perfect reflection acc.
+    """
+    s, o = _array(reflection, "reflection"), _array(outcome, "outcome")
+    if s.shape != o.shape:
+        raise ValueError(f"reflection and outcome must have the same length, got {s.size} and {o.size}")
+    if not np.isin(o, (0.0, 1.0)).all():
+        raise ValueError("outcome must be binary (0/1 or False/True) with no missing values")
+    present = ~np.isnan(s)
+    if not np.isin(s[present], (0.0, 1.0)).all():
+        raise ValueError("reflection must be 1 (solved), 0 (unsolved) or None/NaN (missing)")
+    total, s, o = s.size, s[present], o[present]
+    n = s.size
+    acc = _rate(o.sum(), n)
+    flagged = s == 1
+    hits, misses = float(np.sum(flagged & (o == 1))), float(np.sum(flagged & (o == 0)))
+    refl_acc = _rate(np.sum(s == o), n)
+    return {
+        "n": float(n),
+        "missing": float(total - n),
+        "missing_rate": _rate(total - n, total),
+        "task_accuracy": acc,
+        "reflection_accuracy": refl_acc,
+        "underconfidence": _rate(np.sum(~flagged & (o == 1)), np.sum(~flagged)),
+        "overconfidence": _rate(misses, np.sum(flagged)),
+        "delta": refl_acc - acc,
+        "best_constant": max(acc, 1.0 - acc) if n else NAN,
+        "coverage": _rate(np.sum(flagged), n),
+        "selective_accuracy": _rate(hits, np.sum(flagged)),
+        "selective_score": _rate(hits - misses, n),
+    }
+
+
+def risk_coverage(confidence: Any, correct: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Selective risk against coverage when answering only rollouts with q >= t, for every distinct
+    confidence t from the highest down: ``coverage[i]`` is the share answered at the i-th threshold and
+    ``risk[i]`` the error rate among them (rollouts with equal confidence are answered together).
+    Empty arrays for no rollouts."""
+    q, y = _pairs(confidence, correct, binary=True)
+    if q.size == 0:
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(-q, kind="stable")
+    q, y = q[order], y[order]
+    last = np.r_[np.flatnonzero(q[1:] != q[:-1]), q.size - 1]  # last index of each run of equal confidence
+    answered = last + 1.0
+    errors = np.cumsum(1.0 - y)[last]
+    return answered / q.size, errors / answered
+
+
+def _figure(width: float = 4.6, height: float = 4.2):
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display backend (Agg when saving)
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, format="png")
+    return out
+
+
+def reliability_diagram(confidence: Any, correct: Any, path: str | Path, bins: int = 10,
+                        title: str = "Reliability diagram") -> Path:
+    """Write a PNG reliability diagram to ``path``: the accuracy of each confidence bin as a bar over the
+    bin, the diagonal (perfect calibration), each bin's count above its bar, ECE and Brier in the legend."""
+    b = reliability_bins(confidence, correct, bins)
+    fig = _figure()
+    ax = fig.subplots()
+    width = 1.0 / bins
+    used = b["count"] > 0
+    left = b["edges"][:-1][used]
+    ax.bar(left, b["accuracy"][used], width=width, align="edge", color="C0", alpha=0.75, edgecolor="k", lw=0.5,
+           label=f"accuracy (ECE {ece(confidence, correct, bins):.3f}, Brier {brier(confidence, correct):.3f})")
+    ax.plot(b["confidence"][used], b["accuracy"][used], "o", color="C3", ms=4, label="bin (mean confidence, accuracy)")
+    ax.plot([0, 1], [0, 1], "--", color="gray", lw=1, label="perfect calibration")
+    for x, acc, count in zip(left, b["accuracy"][used], b["count"][used]):
+        ax.text(x + width / 2, min(acc, 0.93) + 0.02, f"{int(count)}", ha="center", va="bottom", fontsize=7)
+    if not used.any():
+        ax.text(0.5, 0.5, "no confidences", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("stated confidence")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{title} (n={int(b['count'].sum())})", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def risk_coverage_curve(confidence: Any, correct: Any, path: str | Path,
+                        title: str = "Risk-coverage") -> Path:
+    """Write a PNG of selective risk against coverage (see :func:`risk_coverage`) to ``path``, with the
+    risk of always answering as a reference line."""
+    coverage, risk = risk_coverage(confidence, correct)
+    n = _pairs(confidence, correct, binary=True)[0].size
+    fig = _figure()
+    ax = fig.subplots()
+    if coverage.size:
+        ax.step(np.r_[0.0, coverage], np.r_[risk[0], risk], where="pre", color="C0", lw=1.6,
+                label=f"answer if q >= t (AUROC {auroc(confidence, correct):.3f})")
+        ax.axhline(risk[-1], ls="--", color="gray", lw=1, label=f"always answer ({risk[-1]:.3f})")
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no confidences", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("coverage (share answered)")
+    ax.set_ylabel("selective risk (error rate of answered)")
+    ax.set_title(f"{title} (n={n})", fontsize=10)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)

@@ -1,0 +1,368 @@
+"""``rag``: agentic retrieval. Search a BM25-indexed document collection over several turns, then answer.
+
+Each turn the agent writes either ``<search>QUERY</search>`` (the environment returns the top-``k``
+passages as feedback text, which the trainer masks out of the loss; ``no results`` when nothing matches)
+or ``<answer>ANSWER</answer>`` (the episode ends). The outcome is the SQuAD-style exact match of the
+normalized answer against any reference answer (token F1 with ``metric="f1"``); it is the final reward and
+appears in ``info`` but never in the text the agent sees. A turn's ``<confidence>`` / ``<reflect>`` tags
+are parsed into that turn's ``info``.
+
+The collection is a generated knowledge base (:mod:`reflectrl.tasks.rag_kb`, single- and two-hop
+questions, split by entity) or a user's JSONL corpus and questions (``corpus=``, ``questions=``).
+Retrieval is ``bm25s``; an index is built once per collection and shared by every environment (reads
+are thread-safe). See docs/tasks.md.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import Problem, check_split, in_heldout, register_task, self_report, strip_self_report
+from .rag_kb import RELATIONS, Passage, generate_kb, kb_questions, load_corpus, load_questions
+
+# bm25s's default token pattern (words of two or more characters), lower-cased, its English stopwords removed
+TOKEN_PATTERN = re.compile(r"(?u)\b\w\w+\b")
+QUERY_CHARS = 300  # a query is cut to this many characters before it is tokenized
+ANSWER_CHARS = 1000  # an answer is cut to this many characters before it is normalized
+INSTRUCTIONS = "Search with <search>QUERY</search>; answer with <answer>ANSWER</answer>."
+REPORT_INSTRUCTIONS = {"off": "", "confidence": " Then add <confidence>P</confidence>, P from 0 to 1.",
+                       "reflect": " Then add <reflect>solved</reflect> or <reflect>unsolved</reflect>."}
+STOP_SEQUENCES = {"off": ("</search>", "</answer>"), "confidence": ("</search>", "</confidence>"),
+                  "reflect": ("</search>", "</reflect>")}
+NO_RESULTS = "\nno results\n"
+INVALID = "\nerror: write <search>QUERY</search> to search or <answer>ANSWER</answer> to answer\n"
+_TAG = re.compile(r"<(search|answer)>", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------------------------------------
+# Answers.
+# ------------------------------------------------------------------------------------------------
+_PUNCT = str.maketrans("", "", string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalization: lower case, punctuation removed, articles (a, an, the) removed, whitespace
+    collapsed."""
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
+
+
+def exact_match(prediction: str, answers: Sequence[str]) -> float:
+    """1.0 when the normalized prediction equals any normalized answer, else 0.0."""
+    pred = normalize_answer(prediction)
+    return 1.0 if any(pred == normalize_answer(a) for a in answers) else 0.0
+
+
+def token_f1(prediction: str, answers: Sequence[str]) -> float:
+    """The best SQuAD token F1 of the prediction against the answers (both empty counts 1, one empty 0)."""
+    pred = normalize_answer(prediction).split()
+    best = 0.0
+    for answer in answers:
+        gold = normalize_answer(answer).split()
+        if not pred or not gold:
+            best = max(best, float(pred == gold))
+            continue
+        same = sum((Counter(pred) & Counter(gold)).values())
+        if same:
+            p, r = same / len(pred), same / len(gold)
+            best = max(best, 2 * p * r / (p + r))
+    return best
+
+
+def parse_turn(text: Any) -> tuple[str | None, str]:
+    """(kind, content) of an agent turn: kind 'search' or 'answer' from the first opening tag (self-report
+    tags removed first), or None. The content runs to the closing tag, or to the end of the text when it
+    is missing (a generator that stops on it drops it)."""
+    if not isinstance(text, str):
+        return None, ""
+    text = strip_self_report(text)
+    match = _TAG.search(text)
+    if match is None:
+        return None, ""
+    kind = match.group(1).lower()
+    close = re.compile(f"</{kind}>", re.IGNORECASE).search(text, match.end())
+    return kind, text[match.end(): close.start() if close else len(text)].strip()
+
+
+# ------------------------------------------------------------------------------------------------
+# Retrieval.
+# ------------------------------------------------------------------------------------------------
+def _stopwords() -> frozenset[str]:
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
+
+
+class Index:
+    """A BM25 index (``bm25s``, Lucene scoring) over passages; ``search`` is read-only and thread-safe."""
+
+    def __init__(self, passages: Sequence[Passage], name: str = "the rag collection"):
+        try:
+            import bm25s
+        except ModuleNotFoundError:
+            raise ConfigError("the rag task needs bm25s: pip install 'bm25s>=0.2' (or reflectrl[llm])") from None
+        self.passages = list(passages)
+        self.stopwords = _stopwords()
+        terms = [self.terms(p.text) for p in self.passages]
+        if not any(terms):
+            raise ConfigError(f"{name} has no searchable words (words of two or more characters, not stopwords)")
+        self.bm25 = bm25s.BM25()
+        self.bm25.index(terms, show_progress=False)
+
+    def terms(self, text: str) -> list[str]:
+        """Lower-cased words of two or more characters without English stopwords (bm25s's defaults)."""
+        return [t for t in TOKEN_PATTERN.findall(text.lower()) if t not in self.stopwords]
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        """The ``k`` best passages sharing a term with ``query``, best first (ties in collection order);
+        an empty list when no term of the query is in the collection."""
+        ids = self.bm25.get_tokens_ids(self.terms(query[:QUERY_CHARS]))
+        if not ids:
+            return []
+        scores = self.bm25.get_scores(ids)
+        hits = np.flatnonzero(scores > 0)
+        if hits.size > k:
+            cut = np.partition(scores[hits], hits.size - k)[hits.size - k]  # k-th best score
+            hits = hits[scores[hits] >= cut]
+        best = hits[np.lexsort((hits, -scores[hits]))][:k]
+        return [self.passages[i] for i in best]
+
+
+_INDEXES: dict[tuple, Index] = {}
+_INDEX_LOCK = threading.Lock()
+_INDEX_CACHE = 8
+
+
+def shared_index(key: tuple, passages: Sequence[Passage], name: str = "the rag collection") -> Index:
+    """The index of the collection ``key`` (built from ``passages`` the first time), shared process-wide."""
+    with _INDEX_LOCK:
+        index = _INDEXES.get(key)
+        if index is None:
+            index = Index(passages, name)
+            while len(_INDEXES) >= _INDEX_CACHE:
+                _INDEXES.pop(next(iter(_INDEXES)))
+            _INDEXES[key] = index
+        return index
+
+
+def render(passages: Sequence[Passage], chars: int) -> str:
+    """Feedback text of a search: one passage per line (cut to ``chars`` characters), or ``no results``."""
+    if not passages:
+        return NO_RESULTS
+    lines = [p.text if len(p.text) <= chars else p.text[:chars - 3].rstrip() + "..." for p in passages]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# The task.
+# ------------------------------------------------------------------------------------------------
+def _int_option(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise ConfigError(f"rag {name} must be an integer {bound}, got {value!r}")
+    return value
+
+
+@register_task("rag")
+class RAGTask:
+    """Agentic retrieval QA: search a BM25 index over several turns, then answer (exact match or F1)."""
+
+    name = "rag"
+    multi_turn = True
+
+    def __init__(self, k: int = 2, max_turns: int = 4, metric: str = "em", report: str = "confidence",
+                 instructions: bool = True, n_companies: int = 48, people: int = 3, heldout_fraction: float = 0.2,
+                 seed: int = 0, corpus: str | None = None, questions: str | None = None, passage_chars: int = 300):
+        self.k = _int_option("k", k, 1, 50)
+        self.max_turns = _int_option("max_turns", max_turns, 1)
+        self.n_companies = _int_option("n_companies", n_companies, 1)
+        self.people = _int_option("people", people, 1)
+        self.passage_chars = _int_option("passage_chars", passage_chars, 20)
+        self.seed = _int_option("seed", seed, -(2 ** 63))
+        if metric not in ("em", "f1"):
+            raise ConfigError(f"rag metric must be em or f1, got {metric!r}")
+        if report not in STOP_SEQUENCES:
+            raise ConfigError(f"rag report must be one of {', '.join(STOP_SEQUENCES)}, got {report!r}")
+        if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, (int, float)) \
+                or not 0 <= heldout_fraction <= 1:
+            raise ConfigError(f"rag heldout_fraction must be a number in [0, 1], got {heldout_fraction!r}")
+        if (corpus is None) != (questions is None):
+            raise ConfigError("rag needs both corpus=PATH.jsonl and questions=PATH.jsonl (or neither: the "
+                              "generated knowledge base)")
+        self.metric, self.report, self.instructions = metric, report, bool(instructions)
+        self.heldout_fraction = float(heldout_fraction)
+        self.stop_sequences = STOP_SEQUENCES[report]
+        self.corpus, self.questions = corpus, questions
+        self._splits: dict[str, list[Problem]] | None = None
+        self._passages: list[Passage] = []
+        self._key: tuple = ()
+        self._index: Index | None = None
+        self._lock = threading.Lock()
+        self._load()
+
+    # ------------------------------------------------------------------ collection and problems
+    def _load(self) -> None:
+        if self.corpus is None:
+            kb = generate_kb(self.seed, self.n_companies, self.people)
+            self._passages = kb.passages
+            self._key = ("kb", self.seed, self.n_companies, self.people)
+            records = kb_questions(kb, self.heldout_fraction, self.seed)
+        else:
+            self._passages = load_corpus(self.corpus)
+            stat = Path(self.corpus).expanduser().resolve().stat()
+            self._key = ("file", str(Path(self.corpus).expanduser().resolve()), stat.st_mtime_ns, stat.st_size)
+            records = {"train": [], "heldout": []}
+            for rec in load_questions(self.questions):
+                held = rec["split"] == "heldout" if rec["split"] else in_heldout(rec["id"], self.heldout_fraction,
+                                                                                 f"rag/{self.seed}")
+                records["heldout" if held else "train"].append(rec)
+        self._splits = {split: [self._problem(r) for r in recs] for split, recs in records.items()}
+
+    def _problem(self, rec: dict[str, Any]) -> Problem:
+        meta = {k: v for k, v in rec.items() if k not in ("id", "split", "line")}
+        return Problem(id=f"rag:{rec['id']}", prompt=self._prompt(rec["question"]), answer=rec["answers"][0],
+                       meta=meta)
+
+    def _prompt(self, question: str) -> str:
+        head = INSTRUCTIONS + REPORT_INSTRUCTIONS[self.report] + "\n" if self.instructions else ""
+        return f"{head}question: {question}\n"
+
+    def problems(self, split: str) -> list[Problem]:
+        """The problems of ``split`` (deterministic; the generated splits share no entity)."""
+        check_split(split)
+        return list(self._splits[split])
+
+    @property
+    def passages(self) -> list[Passage]:
+        """The collection's passages."""
+        return list(self._passages)
+
+    def index(self) -> Index:
+        """The collection's BM25 index, built on first use and shared by every environment and task."""
+        if self._index is None:
+            with self._lock:
+                if self._index is None:
+                    name = f"rag corpus file {self.corpus}" if self.corpus else "the generated knowledge base"
+                    self._index = shared_index(self._key, self._passages, name)
+        return self._index
+
+    # ------------------------------------------------------------------ verifier
+    def outcome(self, problem: Problem, answer: str) -> dict[str, float]:
+        """``{"outcome", "em", "f1"}`` of an answer: the outcome is ``em`` or ``f1`` (the ``metric`` option)."""
+        answer = answer[:ANSWER_CHARS] if isinstance(answer, str) else ""
+        answers = problem.meta["answers"]
+        em, f1 = exact_match(answer, answers), token_f1(answer, answers)
+        return {"outcome": em if self.metric == "em" else f1, "em": em, "f1": f1}
+
+    def score(self, problem: Problem, completion: Any) -> float:
+        """Outcome of the completion's first ``<answer>`` (0.0 without one), so it also scores a transcript."""
+        if not isinstance(completion, str):
+            return 0.0
+        start = re.search(r"<answer>", completion, re.IGNORECASE)
+        kind, answer = parse_turn(completion[start.start():]) if start else (None, "")
+        return self.outcome(problem, answer)["outcome"] if kind == "answer" else 0.0
+
+    def score_many(self, problems: Sequence[Problem], completions: Sequence[Any]) -> list[float]:
+        """``score`` for each pair."""
+        return [self.score(p, c) for p, c in zip(problems, completions)]
+
+    # ------------------------------------------------------------------ demonstrations
+    def demonstration_turns(self, problem: Problem) -> list[tuple[str, str]]:
+        """The oracle episode as (agent turn, environment reply) pairs: each oracle query with its real
+        feedback, then the reference answer. No self-report (a warm-up would teach a constant)."""
+        env = self.make_env(max_turns=max(self.max_turns, len(problem.meta["queries"]) + 1))
+        env.reset(problem)
+        turns = []
+        for query in problem.meta["queries"]:
+            turn = f"<search>{query}</search>"
+            turns.append((turn, env.step(turn)[0]))
+        return turns + [(f"<answer>{problem.answer}</answer>", "")]
+
+    def demonstration(self, problem: Problem) -> str:
+        """The oracle episode as one text (turns and feedback, the transcript after the prompt)."""
+        return "".join(turn + feedback for turn, feedback in self.demonstration_turns(problem))
+
+    def oracle_episode(self, problem: Problem) -> bool:
+        """Play a scripted oracle agent through one episode; True when it gets reward 1 with enough searches.
+
+        On the generated knowledge base the oracle reads: it searches ``SUBJECT RELATION`` for each hop and
+        takes the next subject (finally the answer) out of the retrieved text, so it fails if retrieval
+        misses. On a user's collection it searches the question and gives the first reference answer."""
+        env = self.make_env()
+        env.reset(problem)
+        relations = problem.meta.get("relations")
+        answer: str | None = problem.answer
+        if relations:
+            answer = problem.meta["entity"]
+            for name in relations:
+                feedback, _, done, _ = env.step(f"<search>{answer} {name}</search>")
+                answer = None if done else RELATIONS[name].read(feedback, answer)
+                if answer is None:
+                    return False
+        else:
+            for query in problem.meta["queries"]:
+                if env.step(f"<search>{query}</search>")[2]:
+                    return False
+        _, reward, done, info = env.step(f"<answer>{answer}</answer>")
+        enough = info.get("searches", 0) >= (len(relations) if relations else 1)
+        return bool(done) and reward == 1.0 and enough and not info.get("premature")
+
+    def teacher_prompt(self, problem: Problem) -> str:
+        """The prompt with the reference answer in context, for a self-teacher."""
+        return f"reference: {problem.answer}\n{problem.prompt}"
+
+    def make_env(self, max_turns: int | None = None) -> RAGEnv:
+        """A multi-turn environment (``max_turns`` agent turns, default the task's) sharing the index."""
+        return RAGEnv(self, max_turns or self.max_turns)
+
+
+class RAGEnv:
+    """The rag turn protocol over one problem (see the module docstring and docs/tasks.md)."""
+
+    def __init__(self, task: RAGTask, max_turns: int):
+        self.task, self.max_turns, self.index = task, max_turns, task.index()
+        self.problem: Problem | None = None
+        self.turns, self.searches, self.done = 0, 0, True
+
+    def reset(self, problem: Problem) -> str:
+        """Start an episode; return the prompt."""
+        self.problem, self.turns, self.searches, self.done = problem, 0, 0, False
+        return problem.prompt
+
+    def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """One agent turn -> (feedback text, reward, done, info); the reward is the outcome, at the end only."""
+        if self.done or self.problem is None:
+            raise RuntimeError("step() called on a finished episode; call reset(problem) first")
+        self.turns += 1
+        kind, content = parse_turn(text)
+        report = self_report(text) if isinstance(text, str) else {}
+        hops = int(self.problem.meta.get("hops", 1))
+        if kind == "answer":
+            scores = self.task.outcome(self.problem, content)
+            info = {"kind": "answer", **scores, "correct": scores["em"] == 1.0, "answered": True, "answer": content,
+                    "turns": self.turns, "searches": self.searches, "hops": hops,
+                    "premature": scores["em"] < 1.0 and self.searches < hops, **report}
+            self.done = True
+            return "", float(scores["outcome"]), True, info
+        if kind == "search":
+            self.searches += 1
+            found = self.index.search(content, self.task.k)
+            feedback = render(found, self.task.passage_chars)
+            info = {"kind": "search", "query": content, "results": len(found), "searches": self.searches}
+        else:
+            feedback, info = INVALID, {"kind": "invalid", "error": True}
+        info.update(turns=self.turns, **report)
+        if self.turns >= self.max_turns:
+            self.done = True
+            return "", 0.0, True, {**info, "outcome": 0.0, "em": 0.0, "f1": 0.0, "correct": False, "answered": False,
+                                   "truncated": True, "searches": self.searches, "hops": hops, "premature": False}
+        return feedback, 0.0, False, info

@@ -33,7 +33,7 @@ from pathlib import Path
 def worker_reflectrl(a) -> dict:
     import torch
 
-    from reflectrl.llm.config import config_for_algo
+    from reflectrl.algos import config_for_algo
     from reflectrl.llm.grpo import GRPO
 
     cfg = config_for_algo("grpo", task="arith", model=a.model, run_dir=str(Path(a.tmp) / "reflectrl"),
@@ -47,11 +47,11 @@ def worker_reflectrl(a) -> dict:
     tokens, seconds, cpu = 0, 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0, c0 = time.perf_counter(), time.process_time()
-        rec, batch = trainer.iteration()
+        rec = trainer.iteration()
         if i >= a.warmup:
             seconds += time.perf_counter() - t0
             cpu += time.process_time() - c0
-            tokens += int(batch.completion_mask.sum())
+            tokens += int(trainer.last_batch.completion_mask.sum())
     trainer.rollout.close()
     return {"tokens": tokens, "seconds": seconds, "cpu_seconds": cpu, "threads": torch.get_num_threads()}
 

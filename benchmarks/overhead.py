@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reflectrl.control.algos import get_algo
+from reflectrl.algos import get_algo
 from reflectrl.runlog import read_metrics
 
 METHODS = ("refgrpo-seed", "gear-seed", "exgrpo-seed")
@@ -43,17 +43,17 @@ VARIANTS = {"refgrpo-seed@alpha0": ("refgrpo-seed", {"cal_alpha": 0.0}),
 def run(algo: str, total: int, seed: int, env_id: str) -> dict:
     """Train one run; return its wall and CPU seconds and the time spent in the method."""
     algo, extra = VARIANTS.get(algo, (algo, {}))
-    a = get_algo(algo)
+    a = get_algo("control", algo)
     with tempfile.TemporaryDirectory() as d:
         cfg = a.config_cls(env_id=env_id, seed=seed, total_timesteps=total, num_envs=8, num_steps=128,
                            update_epochs=4, num_minibatches=4, run_dir=d, progress=False, tensorboard=False,
                            save_interval=0, **extra)
-        trainer = a.build(cfg)
+        trainer = a.make(cfg)
         c0 = time.process_time()
         summary = trainer.learn()
         cpu = time.process_time() - c0
         recs = read_metrics(Path(d) / "metrics.jsonl")
-    method_s = sum(r.get("time/method", 0.0) for r in recs)
+    method_s = sum(v for r in recs for k, v in r.items() if k.startswith("time/method"))
     iter_s = sum(r["time/iteration"] for r in recs)
     return {"wall_s": summary["wall_s"], "cpu_s": cpu, "method_share": method_s / iter_s}
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -96,32 +95,22 @@ def unpack_optimizer(prefix: str, tensors: dict[str, torch.Tensor], meta: dict[s
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
+def _hook_key(h: Any) -> str:
+    return f"hook/{getattr(h, 'name', None) or type(h).__name__}"
+
+
 def pack_hooks(hooks: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-    """Add the state of every hook that has one: tensors under ``hook/CLASS/``, metadata under ``meta["hook/CLASS"]``."""
+    """Add the state of every hook or method that has one: tensors under ``hook/NAME/``, metadata under
+    ``meta["hook/NAME"]`` (``NAME``: its ``name`` attribute, else its class name)."""
     for h in hooks:
         if hasattr(h, "state"):
             ht, hm = h.state()
-            tensors.update({f"hook/{type(h).__name__}/{k}": v for k, v in ht.items()})
-            meta[f"hook/{type(h).__name__}"] = hm
+            tensors.update({f"{_hook_key(h)}/{k}": v for k, v in ht.items()})
+            meta[_hook_key(h)] = hm
 
 
 def unpack_hooks(hooks: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     """Inverse of :func:`pack_hooks` (a missing entry raises KeyError)."""
     for h in hooks:
         if hasattr(h, "load_state"):
-            h.load_state(unpack_state_dict(f"hook/{type(h).__name__}", tensors), meta[f"hook/{type(h).__name__}"])
-
-
-def extend_budget(cfg: Any, new: int | None, field: str = "total_timesteps", flag: str = "--total-timesteps") -> None:
-    """Set a resumed run's new budget ``cfg.<field>``. A run extended to a larger budget is the run a
-    fresh one of that budget would have been only when no schedule follows the budget; otherwise this
-    warns, naming the settings (``cfg.budget_schedules()``) that make the two differ."""
-    old = getattr(cfg, field)
-    if new is None or new == old:
-        return
-    moved = cfg.budget_schedules()
-    if moved:
-        warnings.warn(f"changing {flag} from {old} to {new} moves the schedule of {', '.join(moved)}, which "
-                      f"follow the budget: the steps already taken used the old schedule, so this run will "
-                      f"differ from a fresh run of {new}", stacklevel=3)
-    setattr(cfg, field, new)
+            h.load_state(unpack_state_dict(_hook_key(h), tensors), meta[_hook_key(h)])

@@ -9,9 +9,9 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
-from .errors import ConfigError, ReflectRLError
+from .cliutil import run_command
+from .errors import ConfigError
 
 TRAIN_HEADER = """usage: reflectrl train [--algo {algos}] [--preset NAME] [--resume RUN_DIR] [HYPERPARAMETER FLAGS]
 
@@ -23,32 +23,27 @@ interrupted or finished run from its latest checkpoint (optionally with a larger
 
 def _train_front(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="reflectrl train", add_help=False)
-    ap.add_argument("--algo", default="ppo")
+    ap.add_argument("--algo", default=None)
     ap.add_argument("--preset", default=None)
     ap.add_argument("--resume", default=None)
     return ap.parse_known_args(argv)
 
 
 def cmd_train(argv: list[str]) -> int:
-    """``reflectrl train``: new run (PPOConfig flags, optionally on a preset) or ``--resume``."""
+    """``reflectrl train``: new run (the algo's config flags, optionally on a preset) or ``--resume``."""
     import tyro
 
-    from .control.algos import algo_names, get_algo
+    from .algos import algo_names, get_algo
+    from .cliutil import print_json, resume_from_cli
     from .control.config import PRESETS
-    from .control.ppo import CHECKPOINT, run_algo
 
     front, rest = _train_front(argv)
     if "-h" in rest or "--help" in rest:
-        print(TRAIN_HEADER.format(algos="|".join(algo_names())))
+        print(TRAIN_HEADER.format(algos="|".join(algo_names("control"))))
     if front.resume is not None:
-        ap = argparse.ArgumentParser(prog="reflectrl train --resume RUN_DIR")
-        ap.add_argument("--total-timesteps", type=int, default=None)
-        ap.add_argument("--no-progress", action="store_true")
-        extra = ap.parse_args(rest)
-        overrides = {"progress": False} if extra.no_progress else {}
-        trainer = get_algo(run_algo(Path(front.resume))).resume(front.resume, extra.total_timesteps, **overrides)
+        trainer = resume_from_cli(front.resume, rest, "control", front.algo, front.preset)
     else:
-        algo = get_algo(front.algo)
+        algo = get_algo("control", front.algo or "ppo")
         if front.preset is not None and front.preset not in PRESETS:
             raise ConfigError(f"unknown preset {front.preset!r}; available: {', '.join(sorted(PRESETS))}")
         default = algo.config_cls()
@@ -60,12 +55,8 @@ def cmd_train(argv: list[str]) -> int:
                                   "does not have; presets are for the PPO-family algos")
             default = algo.config_cls(**PRESETS[front.preset])
         cfg = tyro.cli(algo.config_cls, args=rest, default=default, prog=f"reflectrl train --algo {algo.name}")
-        if cfg.run_dir and (Path(cfg.run_dir) / CHECKPOINT).exists():
-            raise ConfigError(f"run directory {cfg.run_dir} already holds a run; continue it with "
-                              f"`reflectrl train --resume {cfg.run_dir}` or choose another --run-dir")
-        trainer = algo.build(cfg)
-    summary = trainer.learn()
-    print(json.dumps(summary))
+        trainer = algo.make(cfg)
+    print_json(trainer.learn())
     return 0
 
 
@@ -105,7 +96,7 @@ def cmd_presets(argv: list[str]) -> int:
 
 def cmd_sandbox(argv: list[str]) -> int:
     """``reflectrl sandbox ...``: run untrusted code against tests in the sandbox."""
-    from .tasks.sandbox_cli import main as sandbox_main
+    from .sandbox.cli import main as sandbox_main
 
     return sandbox_main(argv)
 
@@ -169,14 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    try:
-        return COMMANDS[argv[0]](argv[1:])
-    except ReflectRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; continue with `reflectrl train --resume RUN_DIR`", file=sys.stderr)
-        return 130
+    return run_command(COMMANDS[argv[0]], argv[1:])
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
-"""A rich progress bar for training loops: steps, steps/s and the recent return."""
+"""A rich progress bar for training loops, on stderr (stdout carries the JSON summary)."""
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 
 class TrainProgress:
-    """Context manager wrapping ``rich.progress``; a no-op when disabled."""
+    """Context manager wrapping ``rich.progress``; a no-op when disabled. ``rate_label`` and
+    ``value_label`` name the two numbers shown beside the bar (steps/s and return by default)."""
 
-    def __init__(self, total: int, enabled: bool = True, description: str = "train"):
+    def __init__(self, total: int, enabled: bool = True, description: str = "train", rate_label: str = "steps/s",
+                 value_label: str = "return"):
         self.enabled = enabled
         self._p = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[sps]:>7} steps/s"), TextColumn("return {task.fields[ret]}"),
-            TimeRemainingColumn(), transient=False,
+            TextColumn("{task.fields[rate]:>7} " + rate_label), TextColumn(value_label + " {task.fields[value]}"),
+            TimeRemainingColumn(), transient=False, console=Console(stderr=True),
         ) if enabled else None
         self._task = None
         self._total, self._description = total, description
@@ -21,13 +24,14 @@ class TrainProgress:
     def __enter__(self) -> "TrainProgress":
         if self._p is not None:
             self._p.start()
-            self._task = self._p.add_task(self._description, total=self._total, sps="-", ret="-")
+            self._task = self._p.add_task(self._description, total=self._total, rate="-", value="-")
         return self
 
-    def update(self, completed: int, sps: float, recent_return: float | None) -> None:
+    def update(self, completed: int, rate: float, value: float | None) -> None:
         if self._p is not None:
-            ret = "-" if recent_return is None else f"{recent_return:.1f}"
-            self._p.update(self._task, completed=completed, sps=f"{sps:.0f}", ret=ret)
+            shown = "-" if value is None else (f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}")
+            self._p.update(self._task, completed=completed, rate=f"{rate:.3g}" if rate < 100 else f"{rate:.0f}",
+                           value=shown)
 
     def __exit__(self, *exc) -> None:
         if self._p is not None:

@@ -22,7 +22,7 @@ class RunLogger:
     """Writes one JSON object per update to ``metrics.jsonl`` and the same scalars to TensorBoard."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any], tensorboard: bool = True, track: bool = False,
-                 wandb_project: str = "reflectrl", run_name: str | None = None):
+                 wandb_project: str = "reflectrl", run_name: str | None = None, purge_step: int | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -31,7 +31,7 @@ class RunLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.run_dir / "tb"))
+            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge_step)
         self._wandb = None
         if track:
             try:
@@ -61,17 +61,39 @@ class RunLogger:
             self._wandb.finish()
 
 
-def open_run(run_dir: Path, header: dict[str, Any], cfg: Any) -> RunLogger:
-    """Create ``run_dir``, write ``config.json`` (``header`` + the config dataclass) unless a resumed run
-    wrote it already, and open the run's logger with the config's TensorBoard / W&B settings."""
+def write_config(run_dir: Path, header: dict[str, Any], cfg: Any) -> None:
+    """Write ``RUN_DIR/config.json`` (``header`` + the config dataclass) atomically."""
     import dataclasses
+    import os
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fields = dataclasses.asdict(cfg)
-    cfg_path = run_dir / "config.json"
-    if not cfg_path.exists():
-        cfg_path.write_text(json.dumps({**header, **fields}, indent=2))
-    return RunLogger(run_dir, fields, cfg.tensorboard, cfg.track, cfg.wandb_project_name, run_dir.name)
+    path = Path(run_dir) / "config.json"
+    tmp = path.with_name(f".config.json.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({**dataclasses.asdict(cfg), **header}, indent=2))
+    os.replace(tmp, path)
+
+
+def open_run(run_dir: Path, header: dict[str, Any], cfg: Any, fresh: bool = True, extra_logs: tuple[str, ...] = (),
+             purge_step: int | None = None) -> RunLogger:
+    """Create ``run_dir``, write ``config.json`` and open the run's logger with the config's TensorBoard /
+    W&B settings. A fresh run first removes what a run that never checkpointed left there (its
+    metrics, ``extra_logs`` and TensorBoard events); a resumed run rewrites ``config.json`` (its budget
+    may have grown) and TensorBoard drops the events past ``purge_step`` that the interrupted run wrote
+    after its last checkpoint."""
+    import dataclasses
+    import shutil
+
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for name in ("metrics.jsonl", *extra_logs):
+                (run_dir / name).unlink(missing_ok=True)
+            shutil.rmtree(run_dir / "tb", ignore_errors=True)
+        write_config(run_dir, header, cfg)
+    except OSError as exc:
+        raise ReflectRLError(f"cannot write the run directory {run_dir}: {exc.strerror or exc}") from None
+    return RunLogger(run_dir, dataclasses.asdict(cfg), cfg.tensorboard, cfg.track, cfg.wandb_project_name,
+                     run_dir.name, purge_step)
 
 
 def truncate_metrics(path: Path, max_update: int) -> None:

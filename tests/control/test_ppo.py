@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from reflectrl.algos import resume
 from reflectrl.checkpoint import load_checkpoint, save_checkpoint
 from reflectrl.control import PPO, PPOConfig
 from reflectrl.control.ppo import CHECKPOINT
@@ -38,13 +39,17 @@ def test_same_seed_gives_identical_metrics(tmp_path):
     assert strip_timing(read_metrics(tmp_path / "c" / "metrics.jsonl")) != a
 
 
-class Interrupt:
-    def __init__(self, at: int):
-        self.at = at
+def interrupt_at(trainer, update: int):
+    """Make ``trainer`` raise KeyboardInterrupt when it starts update ``update`` (a crash between checkpoints)."""
+    run = trainer.iteration
 
-    def before_advantages(self, trainer, batch):
-        if trainer.update_idx == self.at:
+    def iteration():
+        if trainer.update_idx + 1 == update:
             raise KeyboardInterrupt
+        return run()
+
+    trainer.iteration = iteration
+    return trainer
 
 
 @pytest.mark.parametrize("env_id,extra", [("CartPole-v1", {}), ("Pendulum-v1", {"num_minibatches": 4})])
@@ -53,9 +58,9 @@ def test_resume_equals_uninterrupted(tmp_path, env_id, extra):
     PPO(cfg_full).learn()
     cfg_cut = tiny(tmp_path, "cut", env_id=env_id, save_interval=1, **extra)
     with pytest.raises(KeyboardInterrupt):
-        PPO(cfg_cut, hooks=[Interrupt(4)]).learn()
+        interrupt_at(PPO(cfg_cut), 4).learn()
     assert len(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == 3
-    PPO.resume(tmp_path / "cut").learn()
+    resume(tmp_path / "cut").learn()
     full = strip_timing(read_metrics(tmp_path / "full" / "metrics.jsonl"))
     cut = strip_timing(read_metrics(tmp_path / "cut" / "metrics.jsonl"))
     assert cut == full
@@ -118,12 +123,12 @@ def test_impossible_config_is_refused(tmp_path, kw, msg):
 
 def test_missing_and_corrupt_run_dirs(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
-        PPO.resume(tmp_path / "nope")
+        resume(tmp_path / "nope")
     PPO(tiny(tmp_path, total_timesteps=64)).learn()
     ck = tmp_path / "run" / CHECKPOINT
     ck.write_bytes(ck.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="corrupt"):
-        PPO.resume(tmp_path / "run")
+        resume(tmp_path / "run")
 
 
 def _slow_writer(path: str):

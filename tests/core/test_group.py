@@ -66,16 +66,17 @@ def test_zero_variance_group_gives_zero(norm_by_std):
 
 
 @pytest.mark.parametrize("norm_by_std", [True, False])
-def test_singleton_groups_give_zero(norm_by_std):
+def test_singleton_groups_as_verl(norm_by_std):
     # groups 0: [1, 3] ; 1: [10] alone ; 2: [-4] alone
     scores = t([1.0, 10.0, 3.0, -4.0])
     index = torch.tensor([0, 1, 0, 2])
     adv = group_advantages(scores, index, norm_by_std)
     # group 0: mean 2, centred [-1, 1], unbiased var = 2/1 = 2, std sqrt(2)
     g0 = 1 / (math.sqrt(2.0) + EPS) if norm_by_std else 1.0
-    close(adv, [-g0, 0.0, g0, 0.0])
-    # all singletons
-    close(group_advantages(t([1.0, 2.0, 3.0]), torch.tensor([0, 1, 2]), norm_by_std), [0.0, 0.0, 0.0])
+    # a group of one: verl's mean 0 and std 1, so s / (1 + eps) with the std and s without it
+    one = (lambda s: s / (1 + EPS)) if norm_by_std else (lambda s: s)
+    close(adv, [-g0, one(10.0), g0, one(-4.0)])
+    close(group_advantages(t([1.0, 2.0, 3.0]), torch.tensor([0, 1, 2]), norm_by_std), [one(1.0), one(2.0), one(3.0)])
 
 
 def test_non_contiguous_unsorted_index():
@@ -102,8 +103,8 @@ def test_group_advantages_matches_plain_python_reference():
         members = [s[j] for j in range(len(s)) if ids[j] == ids[i]]
         n = len(members)
         mean = sum(members) / n
-        if n == 1:
-            exp, exp_dr = 0.0, 0.0
+        if n == 1:  # verl: mean 0, std 1
+            exp, exp_dr = s[i] / (1 + EPS), s[i]
         else:
             std = math.sqrt(sum((x - mean) ** 2 for x in members) / (n - 1))
             exp, exp_dr = (s[i] - mean) / (std + EPS), s[i] - mean

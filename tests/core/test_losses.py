@@ -61,7 +61,10 @@ def test_ppo_batch_loss_and_stats():
     loss, stats = ppo_policy_loss(logp, old, adv, torch.ones(1, 5), clip_low=0.2)
     # entries: -2.2, -1.2 (clipped), 0.8 (clipped), 1.5, -0.5 -> sum -1.6 -> mean -0.32
     approx(loss, -0.32)
-    approx(stats["clipfrac"], 2 / 5)
+    # CleanRL's clipfrac: ratios outside [0.8, 1.2] whatever the sign of A: 1.5, 0.5, 1.5, 0.5
+    approx(stats["clipfrac"], 4 / 5)
+    # the clip binds (changes the loss) for 1.5 with A > 0 and 0.5 with A < 0 only
+    approx(stats["clip_binding_frac"], 2 / 5)
     rs = [1.1, 1.5, 0.5, 1.5, 0.5]
     approx(stats["approx_kl"], sum((r - 1) - math.log(r) for r in rs) / 5)
     approx(stats["old_approx_kl"], sum(-math.log(r) for r in rs) / 5)
@@ -94,7 +97,8 @@ def test_ppo_clip_higher_asymmetric():
     approx(ppo_policy_loss(lp, o, row(1.0), torch.ones(1, 1), clip_low=0.2)[0], -1.2)
     loss, st = ppo_policy_loss(logp, old, adv, m, clip_low=0.2, clip_high=0.28)
     approx(loss, (-1.25 - 1.28 + 0.8) / 3)
-    approx(st["clipfrac"], 2 / 3)  # 1.3 (A>0) and 0.75 (A<0)
+    approx(st["clipfrac"], 2 / 3)  # 1.3 and 0.75 lie outside [0.8, 1.28]
+    approx(st["clip_binding_frac"], 2 / 3)  # and both bind: 1.3 with A > 0, 0.75 with A < 0
     # gradient flows only through the unclipped 1.25 entry: -A * ratio / 3
     lpg = logp.clone().requires_grad_(True)
     ppo_policy_loss(lpg, old, adv, m, clip_low=0.2, clip_high=0.28)[0].backward()
@@ -119,7 +123,8 @@ def test_ppo_mask_excludes_entries_from_loss_and_stats():
     mask = row(1, 1, 1, 1, 1, 0)
     loss, st = ppo_policy_loss(logp, old, adv, mask)
     approx(loss, -0.32)
-    approx(st["clipfrac"], 0.4)
+    approx(st["clipfrac"], 0.8)
+    approx(st["clip_binding_frac"], 0.4)
     rs = [1.1, 1.5, 0.5, 1.5, 0.5]
     approx(st["approx_kl"], sum((r - 1) - math.log(r) for r in rs) / 5)
     loss_b, _ = ppo_policy_loss(logp, old, adv, mask.bool())

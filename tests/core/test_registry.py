@@ -1,4 +1,4 @@
-"""Registries of advantage estimators and shapers."""
+"""Registries of advantage estimators and policy losses."""
 
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ import torch
 from reflectrl.core import (
     drgrpo_advantage,
     gae_advantage,
+    PolicyLossConfig,
+    adv_est_requires,
+    clipped_policy_loss,
     get_adv_est,
-    get_shaper,
+    get_policy_loss,
     grpo_advantage,
     list_registered,
     register_adv_est,
-    register_shaper,
+    register_policy_loss,
 )
+from reflectrl.core import losses
 from reflectrl.core import registry
 
 
@@ -22,7 +26,8 @@ from reflectrl.core import registry
 def isolated_tables(monkeypatch):
     """Work on copies of the global tables so test registrations do not leak."""
     monkeypatch.setattr(registry, "_ADV_ESTIMATORS", dict(registry._ADV_ESTIMATORS))
-    monkeypatch.setattr(registry, "_SHAPERS", dict(registry._SHAPERS))
+    monkeypatch.setattr(registry, "_REQUIRES", dict(registry._REQUIRES))
+    monkeypatch.setattr(losses, "_POLICY_LOSSES", dict(losses._POLICY_LOSSES))
 
 
 def test_builtin_estimators_by_name():
@@ -41,14 +46,10 @@ def test_unknown_estimator_raises_key_error_naming_registered():
         assert name in msg
 
 
-def test_unknown_shaper_raises_key_error(isolated_tables):
-    @register_shaper("my-shaper")
-    def shaper(*a, **k):
-        return k["advantages"], k["returns"]
-
-    with pytest.raises(KeyError) as exc:
-        get_shaper("nope")
-    assert "nope" in str(exc.value) and "my-shaper" in str(exc.value)
+def test_estimator_requirements():
+    assert adv_est_requires("gae") == {"values"} and adv_est_requires("grpo") == frozenset()
+    with pytest.raises(KeyError):
+        adv_est_requires("nope")
 
 
 def test_register_and_get_custom_estimator(isolated_tables):
@@ -88,21 +89,31 @@ def test_registering_different_function_under_taken_name_raises(isolated_tables)
     assert get_adv_est("grpo") is grpo_advantage
 
 
-def test_shaper_registry(isolated_tables):
-    def s1(*a, **k):
-        return k["advantages"] * 2, k["returns"]
+def test_policy_loss_registry(isolated_tables):
+    assert get_policy_loss("vanilla") is clipped_policy_loss
+    assert "vanilla" in list_registered()["policy_losses"]
 
-    def s2(*a, **k):
-        return k["advantages"], k["returns"]
+    def mine(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, **kw):
+        return (log_prob * 0).sum(), {}
 
-    register_shaper("double")(s1)
-    assert get_shaper("double") is s1
-    assert "double" in list_registered()["shapers"]
+    register_policy_loss("mine")(mine)
+    assert get_policy_loss("mine") is mine
     with pytest.raises(ValueError):
-        register_shaper("double")(s2)
-    # estimator and shaper namespaces are separate
-    register_adv_est("double")(s2)
-    assert get_adv_est("double") is s2 and get_shaper("double") is s1
+        register_policy_loss("mine")(clipped_policy_loss)
+    with pytest.raises(KeyError, match="vanilla"):
+        get_policy_loss("nope")
+
+
+def test_vanilla_policy_loss_dual_clip_and_clamp_hand_case():
+    # one step, A = -1, log ratio 2 (ratio e^2 = 7.389): clipped term max(7.389, 1.2) = 7.389;
+    # dual clip with c = 3 caps it at -c * A = 3
+    lp, old, adv = torch.tensor([[2.0]]), torch.tensor([[0.0]]), torch.tensor([[-1.0]])
+    loss, st = clipped_policy_loss(old, lp, adv, None)
+    assert loss.item() == pytest.approx(torch.e ** 2)
+    loss, st = clipped_policy_loss(old, lp, adv, None, config=PolicyLossConfig(clip_ratio_c=3.0))
+    assert loss.item() == pytest.approx(3.0) and st["dual_clip_frac"].item() == 1.0
+    loss, _ = clipped_policy_loss(old, lp, adv, None, config=PolicyLossConfig(log_ratio_clamp=1.0))
+    assert loss.item() == pytest.approx(torch.e)  # log ratio clamped to 1
 
 
 def test_registry_call_with_verl_style_keywords():

@@ -97,14 +97,34 @@ def load(name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in golden_path(name).read_text().splitlines() if line.strip()]
 
 
+def diff(name: str, tmp: Path) -> dict[str, int]:
+    """Keys whose values differ from the golden file (with the number of records each differs in)."""
+    out: dict[str, int] = {}
+    got, want = run(name, tmp), load(name)
+    if len(got) != len(want):
+        out["<records>"] = abs(len(got) - len(want))
+    for g, w in zip(got, want):
+        for k in set(g) | set(w):
+            if g.get(k, "<absent>") != w.get(k, "<absent>"):
+                out[k] = out.get(k, 0) + 1
+    return out
+
+
 if __name__ == "__main__":
     import tempfile
 
+    if "--diff" in sys.argv:
+        which = [a for a in sys.argv[1:] if a != "--diff"] or NAMES
+        with tempfile.TemporaryDirectory() as d:
+            for name in which:
+                print(name, diff(name, Path(d)), flush=True)
+        sys.exit(0)
     if "--record" not in sys.argv:
-        sys.exit("usage: python tests/golden/runs.py --record [NAME ...]")
+        sys.exit("usage: python tests/golden/runs.py --record|--diff [NAME ...]")
     which = [a for a in sys.argv[1:] if a != "--record"] or NAMES
     with tempfile.TemporaryDirectory() as d:
         for name in which:
             recs = run(name, Path(d))
             golden_path(name).write_text("".join(json.dumps(r) + "\n" for r in recs))
             print(f"recorded {name}: {len(recs)} records")
+

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reflectrl.llm.config import config_for_algo
+from reflectrl.algos import config_for_algo
 from reflectrl.llm.grpo import GRPO
 from reflectrl.llm.policy import TokenOutputs
 from reflectrl.llm.batch import RowResult, Segment, TokenBatch, build_batch

@@ -6,8 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reflectrl.llm.config import CHECKPOINT, config_for_algo
-from reflectrl.llm.grpo import GRPO
+from reflectrl.algos import config_for_algo, resume
+from reflectrl.llm.grpo import GRPO, GRPOHook
+from reflectrl.trainer import CHECKPOINT
 from reflectrl.llm.batch import RowResult, Segment, build_batch
 from reflectrl.runlog import read_metrics
 
@@ -47,7 +48,7 @@ def test_all_zero_variance_batch_trains_without_nan(tiny_dir, tmp_path):
     for algo in ("grpo", "dapo"):
         t = GRPO(cfg(tiny_dir, tmp_path, name=algo, algo=algo, updates=1))
         before = {k: v.clone() for k, v in t.policy.trainable_state().items()}
-        rec, batch = t.iteration()
+        rec = t.iteration()
         assert rec["groups/zero_std_frac"] == 1.0 and rec["reward/std"] == 0.0
         assert all(v == v for v in rec.values() if isinstance(v, float))
         after = t.policy.trainable_state()
@@ -93,7 +94,9 @@ def test_identical_rows_merged_exactly(tiny_dir, tmp_path, mode):
         assert stats[0][k] == pytest.approx(stats[1][k], abs=1e-6), k
 
 
-class Interrupt:
+class Interrupt(GRPOHook):
+    changes_batch = True
+
     def __init__(self, at):
         self.at = at
 
@@ -115,7 +118,9 @@ def test_train_then_resume_equals_uninterrupted(tiny_dir, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         cut.learn()
     assert len(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == 2
-    GRPO.resume(tmp_path / "cut").learn()
+    cut_cfg = json.loads((tmp_path / "cut" / "config.json").read_text())
+    assert cut_cfg["kind"] == "llm" and cut_cfg["algo"] == "grpo"
+    resume(tmp_path / "cut").learn()
     a = strip_timing(read_metrics(tmp_path / "full" / "metrics.jsonl"))
     b = strip_timing(read_metrics(tmp_path / "cut" / "metrics.jsonl"))
     assert len(a) == 4 and a == b
@@ -133,14 +138,14 @@ def test_train_then_resume_equals_uninterrupted(tiny_dir, tmp_path):
 def test_extending_a_finished_run_equals_a_fresh_run_and_a_linear_lr_warns(tiny_dir, tmp_path, recwarn):
     GRPO(cfg(tiny_dir, tmp_path, "fresh")).learn()
     GRPO(cfg(tiny_dir, tmp_path, "short", updates=2)).learn()
-    GRPO.resume(tmp_path / "short", updates=4).learn()
+    resume(tmp_path / "short", 4).learn()
     assert not [w for w in recwarn if "follow the budget" in str(w.message)]
     a = strip_timing(read_metrics(tmp_path / "fresh" / "metrics.jsonl"))
     b = strip_timing(read_metrics(tmp_path / "short" / "metrics.jsonl"))
     assert len(a) == 4 and a == b
     GRPO(cfg(tiny_dir, tmp_path, "linear", updates=2, lr_schedule="linear")).learn()
     with pytest.warns(UserWarning, match="--updates from 2 to 4 moves the schedule of --lr-schedule linear"):
-        GRPO.resume(tmp_path / "linear", updates=4)
+        resume(tmp_path / "linear", 4)
 
 
 class DoubleReward:
@@ -163,16 +168,16 @@ class DoubleReward:
         return {"double/fits": 1.0}
 
 
-def test_method_hook_shapes_rewards_and_weights(tiny_dir, tmp_path):
-    from reflectrl.llm.grpo import MethodHook
+def test_method_shapes_rewards_and_weights(tiny_dir, tmp_path):
+    from reflectrl.methods.base import MethodRunner
 
     m = DoubleReward()
-    t = GRPO(cfg(tiny_dir, tmp_path, prompts_per_update=2, group_size=3, updates=1), hooks=[MethodHook(m)])
+    t = GRPO(cfg(tiny_dir, tmp_path, prompts_per_update=2, group_size=3, updates=1), methods=[MethodRunner(m)])
     b = scored_batch([1.0, 0.0, 0.0, 1.0, 1.0, 0.0], 3)
     t.prepare(b)
     t.advantages(b)
     ref = b.advantages.clone()
-    MethodHook(m).after_advantages(t, b)
+    t.apply_methods(b)
     sb = m.seen
     assert sb.states.shape == (6, 2, t.policy.hidden_size) and sb.mask.tolist() == [[1.0, 1.0]] * 6
     assert sb.episode_end.int().tolist() == [[0, 1]] * 6 and sb.group_size == 3
@@ -210,7 +215,7 @@ def test_prepare_overlaps_last_rewards_with_same_numbers(tiny_dir, tmp_path):
 
         def one():
             ends.clear()
-            rec = t.iteration()[0]
+            rec = t.iteration()
             return rec, starts[-1] < max(ends)  # did prepare start before the last reward came in?
 
         out = [one() for _ in range(2)]
@@ -219,7 +224,9 @@ def test_prepare_overlaps_last_rewards_with_same_numbers(tiny_dir, tmp_path):
         t.rollout.close()
         return seen, recs, t.policy.trainable_state()
 
-    class Reader:  # after_rollout: sees the finished batch before prepare
+    class Reader(GRPOHook):  # after_rollout: sees the finished batch before prepare
+        changes_batch = True
+
         def after_rollout(self, trainer, batch):
             assert batch.scores.shape[0] == batch.rows
             return None

@@ -15,7 +15,7 @@ import torch
 
 from reflectrl.checkpoint import load_checkpoint
 from reflectrl.cli import main as cli_main
-from reflectrl.control.algos import algo_names, get_algo
+from reflectrl.algos import algo_names, get_algo, resume
 from reflectrl.control.dqn import DQN, DQNConfig, linear_schedule
 from reflectrl.control.ppo import CHECKPOINT, PPO
 from reflectrl.errors import ConfigError
@@ -57,7 +57,7 @@ def strip_timing(recs):
 
 
 def test_every_method_is_registered():
-    assert {"ppo", "refgrpo-seed", "gear-seed", "exgrpo-seed", "dqn", "exgrpo-seed-dqn"} <= set(algo_names())
+    assert {"ppo", "refgrpo-seed", "gear-seed", "exgrpo-seed", "dqn", "exgrpo-seed-dqn"} <= set(algo_names("control"))
 
 
 @pytest.mark.parametrize("algo", list(ALGO_ARGS))
@@ -87,24 +87,33 @@ def test_dqn_cli_subprocess_then_eval(tmp_path):
     assert cli_main(["eval", str(run), "--episodes", "2", "--stochastic"]) == 0
 
 
-class Interrupt:
-    """Raises KeyboardInterrupt once the trainer reaches a step, mid-way between checkpoints."""
+def interrupt(trainer, update: int | None = None, step: int | None = None):
+    """Make ``trainer`` raise KeyboardInterrupt when it starts update ``update`` or (DQN) reaches env step
+    ``step``: a crash mid-way between checkpoints."""
+    if update is not None:
+        run = trainer.iteration
 
-    def __init__(self, update: int | None = None, step: int | None = None):
-        self.update, self.step = update, step
+        def iteration():
+            if trainer.update_idx + 1 == update:
+                raise KeyboardInterrupt
+            return run()
 
-    def before_advantages(self, trainer, batch):
-        if trainer.update_idx == self.update:
-            raise KeyboardInterrupt
+        trainer.iteration = iteration
+    if step is not None:
+        take = trainer.step
 
-    def after_step(self, trainer, *args):
-        if trainer.global_step == self.step:
-            raise KeyboardInterrupt
+        def one_step():
+            take()
+            if trainer.global_step == step:
+                raise KeyboardInterrupt
+
+        trainer.step = one_step
+    return trainer
 
 
 def _ppo_cfg(algo, tmp_path, name, **options):
     extra = {"refl_min_memory": 4, **options} if algo == "exgrpo-seed" else dict(options)
-    return get_algo(algo).config_cls(env_id="CartPole-v1", num_envs=4, num_steps=32, total_timesteps=128 * 6,
+    return get_algo("control", algo).config_cls(env_id="CartPole-v1", num_envs=4, num_steps=32, total_timesteps=128 * 6,
                                      update_epochs=2, num_minibatches=2, run_dir=str(tmp_path / name), progress=False,
                                      tensorboard=False, save_interval=2, **extra)
 
@@ -115,13 +124,12 @@ def _ppo_cfg(algo, tmp_path, name, **options):
 def test_ppo_method_resume_equals_uninterrupted(tmp_path, algo, options):
     """Save at update 2, interrupt in update 4, resume: the same metrics and final state. In the
     background mode the checkpoint at update 2 holds a finished fit that is not live yet."""
-    a = get_algo(algo)
-    a.build(_ppo_cfg(algo, tmp_path, "full", **options)).learn()
-    cut = a.build(_ppo_cfg(algo, tmp_path, "cut", **options))
-    cut.hooks.append(Interrupt(update=4))
+    a = get_algo("control", algo)
+    a.make(_ppo_cfg(algo, tmp_path, "full", **options)).learn()
+    cut = interrupt(a.make(_ppo_cfg(algo, tmp_path, "cut", **options)), update=4)
     with pytest.raises(KeyboardInterrupt):
         cut.learn()
-    a.resume(tmp_path / "cut").learn()
+    resume(tmp_path / "cut").learn()
     full = strip_timing(read_metrics(tmp_path / "full" / "metrics.jsonl"))
     got = strip_timing(read_metrics(tmp_path / "cut" / "metrics.jsonl"))
     assert len(full) == 6 and got == full
@@ -138,12 +146,12 @@ def test_ppo_method_resume_equals_uninterrupted(tmp_path, algo, options):
 def test_extending_a_finished_run_equals_a_fresh_run_of_the_larger_budget(tmp_path, algo, recwarn):
     """Nothing in these runs follows the budget (constant learning rate), so training 3 updates and
     then resuming with a budget of 6 is the 6-update run, metric for metric and bit for bit."""
-    a = get_algo(algo)
+    a = get_algo("control", algo)
     short = _ppo_cfg(algo, tmp_path, "short", anneal_lr=False)
     short.total_timesteps = 128 * 3
-    a.build(short).learn()
-    a.resume(tmp_path / "short", 128 * 6).learn()
-    a.build(_ppo_cfg(algo, tmp_path, "fresh", anneal_lr=False)).learn()
+    a.make(short).learn()
+    resume(tmp_path / "short", 128 * 6).learn()
+    a.make(_ppo_cfg(algo, tmp_path, "fresh", anneal_lr=False)).learn()
     assert not [w for w in recwarn if "follow the budget" in str(w.message)]
     fresh = strip_timing(read_metrics(tmp_path / "fresh" / "metrics.jsonl"))
     assert len(fresh) == 6 and strip_timing(read_metrics(tmp_path / "short" / "metrics.jsonl")) == fresh
@@ -159,21 +167,21 @@ def test_extending_a_finished_run_equals_a_fresh_run_of_the_larger_budget(tmp_pa
     ("exgrpo-seed", {}, "--anneal-lr, --refl-coef-ramp"),
     ("dqn", None, "--exploration-fraction")])
 def test_extending_warns_when_a_schedule_follows_the_budget(tmp_path, algo, options, flags):
-    a = get_algo(algo)
+    a = get_algo("control", algo)
     cfg = _dqn_cfg(algo, tmp_path, "run") if options is None else _ppo_cfg(algo, tmp_path, "run", **options)
     cfg.total_timesteps //= 2
-    a.build(cfg).learn()
+    a.make(cfg).learn()
     with pytest.warns(UserWarning, match=f"schedule of {flags}, which follow the budget"):
-        a.resume(tmp_path / "run", cfg.total_timesteps * 2)
+        resume(tmp_path / "run", cfg.total_timesteps * 2)
     with warnings.catch_warnings():  # the same budget (an interrupted run resuming) is not a change
         warnings.filterwarnings("error", message=".*follow the budget")
-        a.resume(tmp_path / "run", cfg.total_timesteps)
-        a.resume(tmp_path / "run")
+        resume(tmp_path / "run", cfg.total_timesteps)
+        resume(tmp_path / "run")
 
 
 def _dqn_cfg(algo, tmp_path, name):
     extra = {"refl_every": 100, "refl_min_memory": 4} if algo == "exgrpo-seed-dqn" else {}
-    return get_algo(algo).config_cls(env_id="CartPole-v1", total_timesteps=1200, learning_starts=300, buffer_size=400,
+    return get_algo("control", algo).config_cls(env_id="CartPole-v1", total_timesteps=1200, learning_starts=300, buffer_size=400,
                                      log_interval=200, target_network_frequency=50, train_frequency=4, batch_size=32,
                                      save_interval=1, run_dir=str(tmp_path / name), progress=False, tensorboard=False,
                                      **extra)
@@ -181,14 +189,13 @@ def _dqn_cfg(algo, tmp_path, name):
 
 @pytest.mark.parametrize("algo", ["dqn", "exgrpo-seed-dqn"])
 def test_dqn_resume_equals_uninterrupted(tmp_path, algo):
-    a = get_algo(algo)
-    a.build(_dqn_cfg(algo, tmp_path, "full")).learn()
-    cut = a.build(_dqn_cfg(algo, tmp_path, "cut"))
-    cut.hooks.append(Interrupt(step=750))
+    a = get_algo("control", algo)
+    a.make(_dqn_cfg(algo, tmp_path, "full")).learn()
+    cut = interrupt(a.make(_dqn_cfg(algo, tmp_path, "cut")), step=750)
     with pytest.raises(KeyboardInterrupt):
         cut.learn()
     assert len(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == 3
-    a.resume(tmp_path / "cut").learn()
+    resume(tmp_path / "cut").learn()
     full = strip_timing(read_metrics(tmp_path / "full" / "metrics.jsonl"))
     got = strip_timing(read_metrics(tmp_path / "cut" / "metrics.jsonl"))
     assert len(full) == 6 and got == full
@@ -238,13 +245,13 @@ def test_dqn_epsilon_schedule_and_config_errors():
     with pytest.raises(ConfigError, match="discrete action space"):
         DQN(DQNConfig(env_id="Pendulum-v1", total_timesteps=10, progress=False, tensorboard=False))
     with pytest.raises(ConfigError, match="seed-group-size"):
-        get_algo("gear-seed").build(get_algo("gear-seed").config_cls(num_envs=6, num_steps=16, total_timesteps=96))
+        get_algo("control", "gear-seed").make(get_algo("control", "gear-seed").config_cls(num_envs=6, num_steps=16, total_timesteps=96))
 
 
 def test_gear_groups_start_from_one_state(tmp_path):
-    cfg = get_algo("gear-seed").config_cls(env_id="LunarLander-v3", num_envs=8, num_steps=8, total_timesteps=64,
+    cfg = get_algo("control", "gear-seed").config_cls(env_id="LunarLander-v3", num_envs=8, num_steps=8, total_timesteps=64,
                                            run_dir=str(tmp_path / "g"), progress=False, tensorboard=False)
-    t = get_algo("gear-seed").build(cfg)
+    t = get_algo("control", "gear-seed").make(cfg)
     obs = t.raw_obs
     assert np.array_equal(obs[0], obs[3]) and np.array_equal(obs[4], obs[7]) and not np.array_equal(obs[0], obs[4])
     assert isinstance(t, PPO) and t.algo_name == "gear-seed"
@@ -253,11 +260,11 @@ def test_gear_groups_start_from_one_state(tmp_path):
 @pytest.mark.parametrize("env_id,kind", [("CartPole-v1", "obs_action_hidden"), ("CartPole-v1", "trunk_head"),
                                          ("Pendulum-v1", "obs_action")])
 def test_refgrpo_predictor_inputs_and_continuous_actions(tmp_path, env_id, kind):
-    a = get_algo("refgrpo-seed")
+    a = get_algo("control", "refgrpo-seed")
     cfg = a.config_cls(env_id=env_id, num_envs=2, num_steps=32, total_timesteps=128, num_minibatches=2,
                        update_epochs=1, reflection_input=kind, cal_credit="advantage" if kind == "trunk_head" else "gae",
                        run_dir=str(tmp_path / "r"), progress=False, tensorboard=False)
-    a.build(cfg).learn()
+    a.make(cfg).learn()
     recs = read_metrics(tmp_path / "r" / "metrics.jsonl")
     assert len(recs) == 2 and all(np.isfinite(r["refgrpo/L_cal_train"]) for r in recs)
 
@@ -268,12 +275,15 @@ def test_docs_methods_lists_every_option():
     from reflectrl.control.config import PPOConfig
 
     doc = (ROOT / "docs" / "methods.md").read_text()
+    from reflectrl.trainer import RunOptions
+
     base = {f.name for f in dataclasses.fields(PPOConfig)} - {"seed_group_size"}
+    run_options = {f.name for f in dataclasses.fields(RunOptions)}
     missing = []
     for algo in ("refgrpo-seed", "gear-seed", "exgrpo-seed", "dqn", "exgrpo-seed-dqn"):
-        for f in dataclasses.fields(get_algo(algo).config_cls):
+        for f in dataclasses.fields(get_algo("control", algo).config_cls):
             flag = "--" + f.name.replace("_", "-")
-            if (algo == "dqn" or f.name not in base) and f"`{flag}`" not in doc:
+            if ((algo == "dqn" and f.name not in run_options) or f.name not in base) and f"`{flag}`" not in doc:
                 missing.append(flag)
     assert not missing, f"docs/methods.md lacks {sorted(set(missing))}"
 

@@ -37,7 +37,7 @@ def test_distilled_value_head_fits_the_winners_returns():
     m = GearSeed(state_dim=4, rows=2, group_size=2, gamma=0.9, opts=opts, seed=0)
     states = torch.randn(512, 4, generator=g)
     targets = states[:, 0] * 3.0 - states[:, 1]
-    m.store.add(states, targets)
+    m.store.add(x=states, y=targets)
     z = torch.zeros(2, 4)
     batch = StepBatch(states=torch.zeros(2, 4, 4), features=torch.zeros(2, 4, 4), rewards=z, values=z, advantages=z,
                       returns=z, episode_end=z.bool(), terminated=z.bool(), next_values=z)
@@ -52,7 +52,7 @@ def test_reflection_network_learns_return_ranks():
     g = torch.Generator().manual_seed(2)
     rm = ReflectionMemory(3, ExGRPOSeedOptions(refl_epochs=5, refl_lr=3e-3), seed=0)
     pooled = torch.randn(200, 3, generator=g)
-    rm.memory.add(pooled, pooled[:, 0] * 10.0 + 0.1 * torch.randn(200, generator=g))
+    rm.memory.add(pooled=pooled, returns=pooled[:, 0] * 10.0 + 0.1 * torch.randn(200, generator=g))
     losses = [rm.train()["exgrpo/refl_loss"] for _ in range(40)]
     assert rm.ready and losses[-1] < 0.4 * losses[0]
     out = rm.reflector.reflect(pooled)

@@ -10,8 +10,8 @@ import torch
 
 from reflectrl.control.envs import EpisodeTracker
 from reflectrl.core import gae
-from reflectrl.methods.base import EpisodeAssembler, StepBatch, discounted_cumsum, returns_to_go
-from reflectrl.methods.control_algos import apply_shaping
+from reflectrl.core import discounted_cumsum, returns_to_go
+from reflectrl.methods.base import AuxInputs, EpisodeAssembler, MethodRunner, StepBatch
 from reflectrl.methods.exgrpo_seed import (CoefSchedule, ExGRPOSeed, ExGRPOSeedOptions, ReflectionMemory,
                                            aggregate_reflection, priority_probs, rank_targets)
 from reflectrl.methods.gear_seed import GearSeed, GearSeedOptions, omega_weights, select_winners, winners_per_group
@@ -141,15 +141,33 @@ def test_refgrpo_shape_recomputes_gae_on_shaped_rewards(target):
     expected = 0.5 * (-0.5 * (1.0 - tgt) ** 2).clamp(-2.0, 2.0)  # c = 4 * 0.5
     close(sh.reward_delta, expected)
     assert sh.advantage_delta is None and sh.weights is None
-    # the control adapter's re-estimate equals GAE on r + beta * b
-    from reflectrl.control.ppo import Rollout
+    # PPO's re-estimate through the shared apply_shaping (by linearity) equals GAE on r + beta * b
+    from reflectrl.control.ppo import PPO, Rollout
 
     v = torch.randn(2, 4, generator=torch.Generator().manual_seed(3))
     end = torch.tensor([[False, True, False, False], [False, False, False, True]])
     a0, r0 = gae(rewards, v, v, end, end, 0.9, 0.8)
-    ro = Rollout(obs=None, actions=None, logp=None, values=v, rewards=rewards, next_values=v, terminated=end,
-                 episode_end=end, advantages=a0, returns=r0)
-    apply_shaping(ro, sh, 0.9 * 0.8)
+    ro = Rollout(obs=torch.zeros(2, 4, 3), actions=None, logp=None, values=v, rewards=rewards, next_values=v,
+                 terminated=end, episode_end=end, advantages=a0, returns=r0)
+
+    class Fixed:
+        fit_first = True
+
+        def fit(self, batch):
+            pass
+
+        def shape(self, batch):
+            return sh
+
+        def metrics(self):
+            return {}
+
+    class Stub:  # the parts of a PPO trainer that apply_methods reads
+        cfg = type("C", (), {"gamma": 0.9, "gae_lambda": 0.8, "num_updates": 1, "seed_group_size": 1})()
+        update_idx = 1
+        methods = [MethodRunner(Fixed(), lambda t, b: (b.obs, b.obs))]
+
+    PPO.apply_methods(Stub(), ro)
     a1, r1 = gae(rewards + expected, v, v, end, end, 0.9, 0.8)
     close(ro.advantages, a1, 1e-5)
     close(ro.returns, r1, 1e-5)
@@ -219,7 +237,8 @@ def test_gear_ranking_loss_hand_case():
     m = GearSeed(state_dim=3, rows=4, group_size=2, gamma=0.9, opts=GearSeedOptions(gear_rank_coef=0.5), seed=0)
     b = _batch(rows=4, steps=3, episode_end=end, advantages=adv)
     m.shape(b)
-    flat_seg, pairs = m._rank
+    seg, pairs = m._rank
+    flat_seg = seg.reshape(-1)
     expected = torch.zeros(5, 5, dtype=torch.bool)
     expected[2, 0] = True  # (row 1, ep 0): mean 1 > (row 0, ep 0): mean 0
     expected[4, 3] = True  # row 3: mean 1 > row 2: mean 0
@@ -232,13 +251,12 @@ def test_gear_ranking_loss_hand_case():
     close(loss, math.log1p(math.exp(-2.0 * (-0.1 - 0.2))))
     loss.backward()
     assert lr.grad[2] < 0 and lr.grad[0] > 0  # raising the winner's log-ratio (or lowering the loser's) lowers it
-    # through the hook: coef x loss, with the pair whose segments both appear
-    logp = torch.zeros(12)
-    old = torch.zeros(12)
-    out = m.minibatch_loss(torch.arange(12), logp, old)
+    # through the method contract's aux loss: coef x loss, with the pair whose segments both appear
+    steps = torch.arange(12)
+    out = m.aux_loss(AuxInputs(steps // 3, steps % 3, torch.zeros(12), torch.zeros(12), (4, 3)))
     close(out, 0.5 * math.log(2.0))
     assert m.metrics()["gear/rank_loss"] == pytest.approx(math.log(2.0))
-    assert not hasattr(GearSeed(3, 4, 2, 0.9, GearSeedOptions(), 0), "minibatch_loss")  # off by default
+    assert not MethodRunner(GearSeed(3, 4, 2, 0.9, GearSeedOptions(), 0)).has_aux_loss  # off by default
 
 
 def test_gear_terminal_target_and_truncation_bootstrap():
@@ -308,7 +326,7 @@ def test_exgrpo_background_fit_is_the_foreground_fit_one_training_later(priority
     for _ in range(4):
         pooled, returns = torch.randn(10, 3, generator=data), torch.randn(10, generator=data)
         for rm in (fg, bg):
-            rm.memory.add(pooled, returns)
+            rm.memory.add(pooled=pooled, returns=returns)
         fg_metrics, bg_metrics = fg.train(), bg.train()
         fg_after.append(({k: v.clone() for k, v in fg.reflector.net.state_dict().items()}, fg_metrics))
         bg_after.append(({k: v.clone() for k, v in bg.reflector.net.state_dict().items()}, bg_metrics))

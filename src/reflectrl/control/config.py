@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 from ..errors import ConfigError
+from ..trainer import RunOptions, check_all
 
 # CleanRL ppo.py (discrete) and ppo_continuous_action.py (continuous) defaults for the fields that differ.
 DISCRETE_DEFAULTS = dict(learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4,
@@ -16,7 +17,7 @@ CONTINUOUS_DEFAULTS = dict(learning_rate=3e-4, num_envs=1, num_steps=2048, num_m
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(RunOptions):
     """PPO with GAE and the clipped objective. Fields left at ``None`` take CleanRL's default for the
     env's action space (``ppo.py`` for discrete, ``ppo_continuous_action.py`` for continuous)."""
 
@@ -24,8 +25,6 @@ class PPOConfig:
     """Gymnasium environment id."""
     exp_name: str = "ppo"
     """Name of the experiment (part of the default run directory)."""
-    seed: int = 1
-    """Seed of the network init, action sampling, minibatch order and every episode's reset."""
     total_timesteps: int = 500_000
     """Environment steps to train for (across all envs)."""
     learning_rate: Optional[float] = None
@@ -76,20 +75,8 @@ class PPOConfig:
     """Bootstrap from V(final observation) when an episode is truncated (CleanRL treats it as terminal)."""
     seed_group_size: int = 1
     """Envs 0..G-1, G..2G-1, ... share the reset seed of their n-th episodes (1: every env its own)."""
-    threads: int = 1
-    """torch CPU threads (one is fastest for small MLPs)."""
-    save_interval: int = 10
-    """Checkpoint every this many updates (and always at the end); 0 saves only at the end."""
-    run_dir: Optional[str] = None
-    """Run directory (default runs/{env_id}__{exp_name}__{seed}__{unix time})."""
-    tensorboard: bool = True
-    """Write TensorBoard events to RUN_DIR/tb."""
-    track: bool = False
-    """Also log to Weights & Biases."""
-    wandb_project_name: str = "reflectrl"
-    """W&B project."""
-    progress: bool = True
-    """Show a progress bar."""
+
+    budget_field = "total_timesteps"
 
     def resolved(self, discrete: bool) -> "PPOConfig":
         """A copy with every ``None`` default filled in for the action-space kind, validated."""
@@ -112,7 +99,7 @@ class PPOConfig:
         return max(1, self.total_timesteps // self.batch_size)
 
     def budget_schedules(self) -> list[str]:
-        """The enabled settings whose values follow ``total_timesteps`` (see :func:`reflectrl.checkpoint.extend_budget`)."""
+        """The enabled settings whose values follow ``total_timesteps`` (see :func:`reflectrl.trainer.extend_budget`)."""
         return ["--anneal-lr"] if self.anneal_lr else []
 
     def validate(self) -> None:
@@ -133,13 +120,9 @@ class PPOConfig:
             (self.max_grad_norm > 0, "--max-grad-norm must be positive"),
             (self.target_kl is None or self.target_kl > 0, "--target-kl must be positive"),
             (len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes), "--hidden-sizes must be positive widths"),
-            (self.threads >= 1, "--threads must be at least 1"),
-            (self.save_interval >= 0, "--save-interval must be non-negative"),
             (self.seed_group_size >= 1, "--seed-group-size must be at least 1"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(msg)
+        check_all(self.run_checks() + checks)
         if None not in (self.num_envs, self.num_steps, self.num_minibatches):
             if self.batch_size % self.num_minibatches:
                 raise ConfigError(f"the batch (--num-envs {self.num_envs} x --num-steps {self.num_steps} = "

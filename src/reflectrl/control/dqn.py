@@ -11,39 +11,35 @@ a record per ``log_interval`` env steps, and a resume is bitwise the run that ne
 
 from __future__ import annotations
 
-import dataclasses
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..checkpoint import (extend_budget, load_checkpoint, pack_hooks, pack_optimizer, pack_state_dict,
-                          save_checkpoint, unpack_hooks, unpack_optimizer, unpack_state_dict)
-from ..errors import CheckpointError, ConfigError
-from ..progress import TrainProgress
-from ..runlog import open_run, truncate_metrics
+from ..checkpoint import pack_state_dict, unpack_state_dict
+from ..core import RingBuffer
+from ..errors import ConfigError
+from ..trainer import Clock, RunOptions, Trainer, check_all, default_run_dir, load_config
 from .envs import EpisodeTracker, make_vector_env, replay, reset_all, reset_done
-from .ppo import CHECKPOINT, load_run_config
 
 EVAL_EPSILON = 0.05  # epsilon of `reflectrl eval --stochastic` for Q policies (CleanRL's evaluation epsilon)
 
 
 @dataclass
-class DQNConfig:
+class DQNConfig(RunOptions):
     """DQN with a target network, a replay buffer and epsilon-greedy exploration (CleanRL dqn.py defaults)."""
 
     env_id: str = "CartPole-v1"
     """Gymnasium environment id (discrete actions)."""
     exp_name: str = "dqn"
     """Name of the experiment (part of the default run directory)."""
-    seed: int = 1
-    """Seed of the network init, exploration, replay sampling and every episode's reset."""
     total_timesteps: int = 500_000
     """Environment steps to train for (across all envs)."""
     learning_rate: float = 2.5e-4
@@ -76,20 +72,8 @@ class DQNConfig:
     """Bootstrap from the final observation when an episode is truncated (only termination stops it)."""
     log_interval: int = 1000
     """Write one metrics record every this many env steps."""
-    threads: int = 1
-    """torch CPU threads."""
-    save_interval: int = 10
-    """Checkpoint every this many records (and always at the end); 0 saves only at the end."""
-    run_dir: Optional[str] = None
-    """Run directory (default runs/{env_id}__{exp_name}__{seed}__{unix time})."""
-    tensorboard: bool = True
-    """Write TensorBoard events to RUN_DIR/tb."""
-    track: bool = False
-    """Also log to Weights & Biases."""
-    wandb_project_name: str = "reflectrl"
-    """W&B project."""
-    progress: bool = True
-    """Show a progress bar."""
+
+    budget_field = "total_timesteps"
 
     def budget_schedules(self) -> list[str]:
         """The enabled settings whose values follow ``total_timesteps`` (epsilon decays over a fraction of it)."""
@@ -112,13 +96,9 @@ class DQNConfig:
             (self.train_frequency >= 1, "--train-frequency must be at least 1"),
             (len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes), "--hidden-sizes must be positive widths"),
             (self.log_interval >= 1, "--log-interval must be at least 1"),
-            (self.threads >= 1, "--threads must be at least 1"),
-            (self.save_interval >= 0, "--save-interval must be non-negative"),
             (self.total_timesteps >= self.num_envs, "--total-timesteps is smaller than one vector step"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(msg)
+        check_all(self.run_checks() + checks)
 
 
 def q_network(obs_dim: int, num_actions: int, hidden: tuple[int, ...]) -> nn.Sequential:
@@ -138,33 +118,15 @@ def linear_schedule(start: float, end: float, duration: float, t: int) -> float:
     return max(slope * t + start, end)
 
 
-class ReplayBuffer:
-    """A ring of transitions as preallocated tensors (observation, next observation, action,
-    reward, and whether the next state is terminal for bootstrapping)."""
+REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "terminal")
 
-    def __init__(self, capacity: int, obs_dim: int):
-        self.obs = torch.zeros(capacity, obs_dim)
-        self.next_obs = torch.zeros(capacity, obs_dim)
-        self.actions = torch.zeros(capacity, dtype=torch.long)
-        self.rewards = torch.zeros(capacity)
-        self.terminal = torch.zeros(capacity, dtype=torch.bool)
-        self.ptr = self.size = 0
 
-    def add(self, obs: Tensor, next_obs: Tensor, actions: Tensor, rewards: Tensor, terminal: Tensor) -> Tensor:
-        """Store one vector step; returns the slots written."""
-        cap = self.obs.shape[0]
-        slots = (self.ptr + torch.arange(obs.shape[0])) % cap
-        self.obs[slots], self.next_obs[slots], self.actions[slots] = obs, next_obs, actions
-        self.rewards[slots], self.terminal[slots] = rewards, terminal
-        self.ptr = int((self.ptr + obs.shape[0]) % cap)
-        self.size = min(cap, self.size + obs.shape[0])
-        return slots
-
-    def sample(self, n: int, generator: torch.Generator) -> Tensor:
-        """Slots drawn uniformly with replacement."""
-        return torch.randint(self.size, (n,), generator=generator)
-
-    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminal")
+def replay_buffer(capacity: int, obs_dim: int) -> RingBuffer:
+    """The ring of transitions: observation, next observation, action, reward, and whether the next
+    state is terminal for bootstrapping."""
+    return RingBuffer(capacity, {"obs": ((obs_dim,), torch.float32), "next_obs": ((obs_dim,), torch.float32),
+                                 "actions": ((), torch.long), "rewards": ((), torch.float32),
+                                 "terminal": ((), torch.bool)})
 
 
 class QPolicy:
@@ -184,16 +146,27 @@ class QPolicy:
         return (torch.where(explore, rand, greedy),)
 
 
-class DQN:
-    """The DQN trainer. ``DQN(DQNConfig(env_id="CartPole-v1")).learn()``.
+class DQNHook:
+    """What a method may add to DQN (exgrpo-seed-dqn): override any of these."""
 
-    Hooks (optional methods): ``after_step(trainer, slots, obs, rewards, done)`` after each stored
-    vector step, ``td_extra(trainer, idx) -> Tensor | None`` added to the TD targets of sampled
-    slots, ``metrics()``, ``state()`` / ``load_state()``."""
+    def after_step(self, trainer: "DQN", slots: Tensor, obs: Tensor, rewards: Tensor, done: Tensor) -> None:
+        """After each stored vector step (``obs``: the states the actions were taken in)."""
+
+    def td_extra(self, trainer: "DQN", idx: Tensor) -> Tensor | None:
+        """A term added to the TD targets of the sampled replay slots ``idx`` (None: nothing)."""
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
+class DQN(Trainer):
+    """The DQN trainer. ``DQN(DQNConfig(env_id="CartPole-v1")).learn()``; ``hooks`` are
+    :class:`DQNHook` s (their ``state()`` / ``load_state()``, if any, go into the checkpoint)."""
 
     algo_name = "dqn"
 
-    def __init__(self, config: DQNConfig, hooks: list[Any] | None = None):
+    def __init__(self, config: DQNConfig, hooks: list[DQNHook] | None = None):
         from gymnasium import spaces
 
         config.validate()
@@ -215,15 +188,17 @@ class DQN:
         self.q_target = q_network(self.obs_dim, self.num_actions, tuple(cfg.hidden_sizes))
         self.q_target.load_state_dict(self.q.state_dict())
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
-        self.buffer = ReplayBuffer(cfg.buffer_size, self.obs_dim)
+        self.buffer = replay_buffer(cfg.buffer_size, self.obs_dim)
         self.tracker = EpisodeTracker(cfg.seed, cfg.num_envs)
         self.raw_obs = reset_all(self.envs, self.tracker)
         self.vstep = 0  # vector steps taken
-        self.records = 0
+        self.update_idx = 0  # records written
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._acc = self._fresh_acc()
-        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else Path(
-            "runs") / f"{cfg.env_id}__{cfg.exp_name}__{cfg.seed}__{int(time.time())}"
+        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.env_id, cfg.exp_name, cfg.seed)
+        if cfg.total_timesteps <= cfg.learning_starts:
+            warnings.warn(f"--total-timesteps {cfg.total_timesteps} is not above --learning-starts "
+                          f"{cfg.learning_starts}: DQN only fills its replay buffer and never trains", stacklevel=2)
 
     @staticmethod
     def _fresh_acc() -> dict[str, Any]:
@@ -266,10 +241,10 @@ class DQN:
         terminal = term if cfg.bootstrap_truncation else done
         rewards = torch.from_numpy(np.asarray(reward, np.float32))
         next_obs = torch.from_numpy(np.asarray(raw, np.float32).reshape(n, -1))
-        slots = self.buffer.add(obs, next_obs, actions, rewards, torch.from_numpy(terminal))
+        slots = self.buffer.add(obs=obs, next_obs=next_obs, actions=actions, rewards=rewards,
+                                terminal=torch.from_numpy(terminal))
         for h in self.hooks:
-            if hasattr(h, "after_step"):
-                h.after_step(self, slots, obs, rewards, torch.from_numpy(done))
+            h.after_step(self, slots, obs, rewards, torch.from_numpy(done))
         if done.any():
             rets, lens = self.tracker.finish(done)
             self._acc["returns"] += rets
@@ -289,16 +264,18 @@ class DQN:
     def train_step(self) -> None:
         """One TD(0) regression step on a uniformly sampled minibatch."""
         b, cfg = self.buffer, self.cfg
-        idx = b.sample(cfg.batch_size, self.gen)
+        idx = torch.randint(b.size, (cfg.batch_size,), generator=self.gen)
         with torch.no_grad():
             target_max = self.q_target(b.next_obs[idx]).max(-1).values
             td_target = b.rewards[idx] + cfg.gamma * target_max * (~b.terminal[idx]).float()
             for h in self.hooks:
-                extra = h.td_extra(self, idx) if hasattr(h, "td_extra") else None
+                extra = h.td_extra(self, idx)
                 if extra is not None:
                     td_target = td_target + extra
         q = self.q(b.obs[idx]).gather(1, b.actions[idx, None]).squeeze(1)
         loss = F.mse_loss(td_target, q)
+        if not self.finite("the TD loss", loss.detach(), f"env step {self.global_step}"):
+            return
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -314,9 +291,9 @@ class DQN:
 
     def record(self) -> dict[str, Any]:
         """The metrics of the steps since the last record."""
-        self.records += 1
+        self.update_idx += 1
         acc, self._acc = self._acc, self._fresh_acc()
-        rec: dict[str, Any] = {"update": self.records, "global_step": self.global_step, "charts/epsilon": self.epsilon(),
+        rec: dict[str, Any] = {"update": self.update_idx, "global_step": self.global_step, "charts/epsilon": self.epsilon(),
                                "replay/size": self.buffer.size}
         if acc["returns"]:
             rec["charts/episodic_return"] = float(np.mean(acc["returns"]))
@@ -327,107 +304,88 @@ class DQN:
             rec["losses/q_values"] = acc["q"] / acc["n"]
             rec["losses/train_steps"] = acc["n"]
         for h in self.hooks:
-            if hasattr(h, "metrics"):
-                rec.update(h.metrics())
+            rec.update(h.metrics())
+        if getattr(self, "skipped", 0):
+            rec["health/skipped"] = self.skipped
         return rec
 
-    def learn(self) -> dict[str, Any]:
-        """Train until ``total_timesteps``; logs, checkpoints, returns a summary."""
-        cfg = self.cfg
-        logger = open_run(self.run_dir, {"algo": self.algo_name}, cfg)
-        start_step, t_start, t_last = self.global_step, time.perf_counter(), time.perf_counter()
-        step_last = self.global_step
-        try:
-            with TrainProgress(self.num_vsteps * cfg.num_envs, cfg.progress, cfg.env_id) as bar:
-                while self.vstep < self.num_vsteps:
-                    self.step()
-                    if self.vstep % self.log_every and self.vstep != self.num_vsteps:
-                        continue
-                    rec = self.record()
-                    now = time.perf_counter()
-                    rec["charts/SPS"] = (self.global_step - step_last) / max(now - t_last, 1e-9)
-                    rec["time/interval"] = now - t_last
-                    t_last, step_last = now, self.global_step
-                    logger.log(rec)
-                    if self.vstep == self.num_vsteps or (cfg.save_interval and self.records % cfg.save_interval == 0):
-                        self.save(self.run_dir / CHECKPOINT)
-                    recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
-                    bar.update(self.global_step, rec["charts/SPS"], recent)
-        finally:
-            logger.close()
-        elapsed = time.perf_counter() - t_start
-        return {"run_dir": str(self.run_dir), "global_step": self.global_step, "updates": self.records,
-                "sps": (self.global_step - start_step) / max(elapsed, 1e-9), "wall_s": elapsed,
+    # ----------------------------------------------------------------------------- the skeleton's loop
+    def iteration(self) -> dict[str, Any]:
+        """Vector steps up to the next record boundary (``log_interval`` env steps), then that record."""
+        self.step()
+        while self.vstep % self.log_every and self.vstep != self.num_vsteps:
+            self.step()
+        return self.record()
+
+    @property
+    def position(self) -> int:
+        return self.global_step
+
+    @property
+    def total(self) -> int:
+        return self.num_vsteps * self.cfg.num_envs
+
+    @property
+    def finished(self) -> bool:
+        return self.vstep >= self.num_vsteps
+
+    def describe(self) -> str:
+        return self.cfg.env_id
+
+    def add_rates(self, rec: dict[str, Any], clock: Clock, start: int) -> None:
+        """SPS of the interval since the previous record."""
+        last_t, last_step = getattr(self, "_interval", (None, None))
+        if last_t is None or last_t < clock.t0:
+            last_t, last_step = clock.t0, start
+        now = time.perf_counter()
+        rec["charts/SPS"] = (self.global_step - last_step) / max(now - last_t, 1e-9)
+        rec["time/interval"] = now - last_t
+        self._interval = (now, self.global_step)
+
+    def bar_values(self, rec: dict[str, Any]) -> tuple[float, float | None]:
+        return rec["charts/SPS"], float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+    def close(self) -> None:
+        self.envs.close()
+
+    def summary(self, clock: Clock, start: int) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "global_step": self.global_step, "updates": self.update_idx,
+                "sps": (self.global_step - start) / max(clock.wall, 1e-9), "wall_s": clock.wall,
                 "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None}
 
     # ----------------------------------------------------------------------------- checkpoints
-    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        """Everything a resume needs (taken at a record boundary), as tensors and JSON metadata."""
-        tensors = {**pack_state_dict("q", self.q.state_dict()), **pack_state_dict("q_target", self.q_target.state_dict())}
-        opt_t, opt_meta = pack_optimizer("optim", self.optimizer)
-        tensors.update(opt_t)
-        tensors.update({f"replay/{f}": getattr(self.buffer, f) for f in ReplayBuffer.FIELDS})
-        tensors["rng/torch_gen"] = self.gen.get_state()
-        tensors["rng/torch_global"] = torch.get_rng_state()
+    def state_extra(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        tensors.update({**pack_state_dict("q", self.q.state_dict()), **pack_state_dict("q_target", self.q_target.state_dict())})
+        tensors.update({f"replay/{f}": getattr(self.buffer, f) for f in REPLAY_FIELDS})
         tr = self.tracker.state()
         tensors["env/actions"] = torch.from_numpy(np.ascontiguousarray(tr.pop("actions")))
         tensors["env/raw_obs"] = torch.from_numpy(np.ascontiguousarray(self.raw_obs))
-        meta = {"format": 1, "algo": self.algo_name, "vstep": self.vstep, "records": self.records,
-                "global_step": self.global_step, "optim": opt_meta, "tracker": tr,
-                "replay": {"ptr": self.buffer.ptr, "size": self.buffer.size},
-                "recent_returns": list(self.recent_returns), "config": dataclasses.asdict(self.cfg)}
-        pack_hooks(self.hooks, tensors, meta)
-        return tensors, meta
+        meta.update({"vstep": self.vstep, "global_step": self.global_step, "tracker": tr,
+                     "replay": {"ptr": self.buffer.ptr, "size": self.buffer.size},
+                     "recent_returns": list(self.recent_returns)})
 
-    def save(self, path: Path) -> None:
-        """Write the checkpoint atomically."""
-        save_checkpoint(path, *self.state())
+    def load_extra(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        self.q.load_state_dict(unpack_state_dict("q", tensors))
+        self.q_target.load_state_dict(unpack_state_dict("q_target", tensors))
+        self.buffer.load_state({f: tensors[f"replay/{f}"] for f in REPLAY_FIELDS}, meta["replay"])
+        self.tracker.load({**meta["tracker"], "actions": tensors["env/actions"].numpy()})
+        self.vstep = int(meta["vstep"])
+        self.recent_returns.extend(meta["recent_returns"])
 
-    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
-        """Restore from :meth:`state` output and rebuild the envs by replay."""
-        try:
-            self.q.load_state_dict(unpack_state_dict("q", tensors))
-            self.q_target.load_state_dict(unpack_state_dict("q_target", tensors))
-            self.optimizer.load_state_dict(unpack_optimizer("optim", tensors, meta["optim"]))
-            for f in ReplayBuffer.FIELDS:
-                setattr(self.buffer, f, tensors[f"replay/{f}"].clone())
-            self.buffer.ptr, self.buffer.size = int(meta["replay"]["ptr"]), int(meta["replay"]["size"])
-            self.gen.set_state(tensors["rng/torch_gen"])
-            torch.set_rng_state(tensors["rng/torch_global"])
-            self.tracker.load({**meta["tracker"], "actions": tensors["env/actions"].numpy()})
-            self.vstep, self.records = int(meta["vstep"]), int(meta["records"])
-            self.recent_returns.extend(meta["recent_returns"])
-            unpack_hooks(self.hooks, tensors, meta)
-        except (KeyError, RuntimeError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"checkpoint does not match this configuration or is damaged ({exc})") from None
+    def after_load(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
         self.raw_obs = replay(self.envs, self.tracker)
         if not np.array_equal(self.raw_obs, tensors["env/raw_obs"].numpy()):
-            import warnings
-
             warnings.warn(f"{self.cfg.env_id} did not replay to the same state: it is not deterministic given "
                           "seed and actions, so the resumed run will differ from an uninterrupted one")
-
-    @classmethod
-    def resume(cls, run_dir: str | Path, total_timesteps: int | None = None, config_cls: type = DQNConfig,
-               make_hooks: Any = None, **overrides: Any) -> "DQN":
-        """Rebuild a trainer from a run directory's ``config.json`` and latest checkpoint."""
-        run_dir = Path(run_dir)
-        cfg = load_run_config(run_dir, config_cls)
-        tensors, meta = load_checkpoint(run_dir / CHECKPOINT)
-        extend_budget(cfg, total_timesteps)
-        cfg = dataclasses.replace(cfg, run_dir=str(run_dir), **overrides)
-        trainer = cls(cfg, hooks=make_hooks(cfg) if make_hooks else None)
-        trainer.load_state(tensors, meta)
-        truncate_metrics(run_dir / "metrics.jsonl", trainer.records)
-        return trainer
 
 
 def load_q_policy(run_dir: str | Path, tensors: dict[str, Tensor]) -> tuple[QPolicy, None, DQNConfig]:
     """``(policy, None, config)`` of a DQN run directory, for evaluation."""
-    import gymnasium as gym
     import warnings
 
-    cfg = load_run_config(Path(run_dir), DQNConfig)
+    import gymnasium as gym
+
+    cfg = load_config(Path(run_dir), DQNConfig)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         env = gym.make(cfg.env_id)

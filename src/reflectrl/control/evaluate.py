@@ -10,16 +10,20 @@ import numpy as np
 import torch
 
 from ..checkpoint import load_checkpoint
+from ..errors import CheckpointError
+from ..trainer import CHECKPOINT, load_config, read_config_json, run_kind
+from .config import PPOConfig
 from .envs import ObsNormalizer, check_env_id, episode_seed
 from .networks import build_actor_critic
-from .ppo import CHECKPOINT, load_run_config
 
 EVAL_SEED = 10_007  # episode seeds of evaluation never coincide with training's (seeded by the run seed)
 
 
 def load_policy(run_dir: str | Path):
     """``(model, obs_normalizer_or_None, config)`` from a run directory, ready for inference."""
-    cfg = load_run_config(Path(run_dir))
+    if run_kind(read_config_json(run_dir)) != "control":
+        raise CheckpointError(f"{run_dir} is an LLM run directory: evaluate it with `reflectrl llm eval {run_dir}`")
+    cfg = load_config(Path(run_dir), PPOConfig)
     tensors, _ = load_checkpoint(Path(run_dir) / CHECKPOINT)
     check_env_id(cfg.env_id)
     if any(k.startswith("q/") for k in tensors):  # a value-based run (dqn, exgrpo-seed-dqn)

@@ -7,8 +7,6 @@ so a resumed run is bitwise the run that never stopped (on CPU).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -18,17 +16,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checkpoint import (extend_budget, load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks,
-                          unpack_optimizer)
-from ..core import explained_variance, gae, ppo_policy_loss, value_loss
-from ..errors import CheckpointError, ConfigError
-from ..progress import TrainProgress
-from ..runlog import open_run, truncate_metrics
+from ..core import discounted_cumsum, explained_variance, gae, next_values_from, ppo_policy_loss, value_loss
+from ..methods.base import AuxInputs, MethodRunner, StepBatch, apply_shaping
+from ..trainer import CHECKPOINT, Clock, Trainer, default_run_dir
 from .config import PPOConfig
-from .envs import EpisodeTracker, ObsNormalizer, RewardNormalizer, make_vector_env, replay, reset_all, reset_done
+from .envs import (
+    EpisodeTracker,
+    ObsNormalizer,
+    RewardNormalizer,
+    make_vector_env,
+    replay,
+    reset_all,
+    reset_done,
+)
 from .networks import build_actor_critic
 
-CHECKPOINT = "checkpoint.safetensors"
+__all__ = ["CHECKPOINT", "PPO", "Rollout"]
 
 
 @dataclass
@@ -45,22 +48,23 @@ class Rollout:
     episode_end: torch.Tensor
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
-    weights: torch.Tensor | None = None  # optional per-step advantage weights set by a method
+    weights: torch.Tensor | None = None  # per-step advantage weights set by a method
 
 
-class PPO:
+class PPO(Trainer):
     """The PPO trainer. ``PPO(PPOConfig(env_id="LunarLander-v3")).learn()``."""
 
     algo_name = "ppo"
 
-    def __init__(self, config: PPOConfig, hooks: list[Any] | None = None):
+    def __init__(self, config: PPOConfig, methods: list[MethodRunner] | None = None):
         probe = make_vector_env(config.env_id, 1)
         from gymnasium import spaces
 
         self.discrete = isinstance(probe.single_action_space, spaces.Discrete)
         probe.close()
         self.cfg = cfg = config.resolved(self.discrete)
-        self.hooks = list(hooks or [])
+        self.methods = list(methods or [])
+        self.hooks = self.methods  # their state goes into the checkpoint
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
@@ -81,8 +85,37 @@ class PPO:
         self.raw_obs = reset_all(self.envs, self.tracker)
         self.obs = self._norm_obs(self.raw_obs, update=True)
         self.recent_returns: deque[float] = deque(maxlen=100)
-        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else Path(
-            "runs") / f"{cfg.env_id}__{cfg.exp_name}__{cfg.seed}__{int(time.time())}"
+        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.env_id, cfg.exp_name, cfg.seed)
+
+    # ----------------------------------------------------------------------------- progress
+    @property
+    def position(self) -> int:
+        return self.global_step
+
+    @property
+    def total(self) -> int:
+        return self.cfg.num_updates * self.cfg.batch_size
+
+    @property
+    def finished(self) -> bool:
+        return self.update_idx >= self.cfg.num_updates
+
+    def describe(self) -> str:
+        return self.cfg.env_id
+
+    def add_rates(self, rec: dict[str, Any], clock: Clock, start: int) -> None:
+        rec["charts/SPS"] = (self.global_step - start) / max(clock.wall, 1e-9)
+
+    def bar_values(self, rec: dict[str, Any]) -> tuple[float, float | None]:
+        return rec["charts/SPS"], float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+    def close(self) -> None:
+        self.envs.close()
+
+    def summary(self, clock: Clock, start: int) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "global_step": self.global_step, "updates": self.update_idx,
+                "sps": (self.global_step - start) / max(clock.wall, 1e-9), "wall_s": clock.wall,
+                "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None}
 
     # ----------------------------------------------------------------------------- rollout
     def _norm_obs(self, raw: np.ndarray, update: bool) -> torch.Tensor:
@@ -137,15 +170,15 @@ class PPO:
         obs_b, act_b, logp_b, val_b = (torch.stack(x) for x in (obs_l, act_l, logp_l, val_l))
         self.global_step += T * N
         self.recent_returns.extend(ep_returns)
-        nxt = torch.cat([val_b[1:], bootstrap[None]], 0)
+        tr = lambda x: x.transpose(0, 1).contiguous()  # [steps, envs] -> [rows, steps]
+        values = tr(val_b)
         if cfg.bootstrap_truncation:
-            nxt = torch.where(trunc_b, final_v, nxt)
+            nxt = next_values_from(values, bootstrap, tr(final_v), tr(trunc_b))
             terminated = term_b
         else:
+            nxt = next_values_from(values, bootstrap)
             terminated = term_b | trunc_b  # CleanRL's treatment: truncation counts as termination
-        tr = lambda x: x.transpose(0, 1).contiguous()  # [steps, envs] -> [rows, steps]
-        batch = Rollout(tr(obs_b), tr(act_b), tr(logp_b), tr(val_b), tr(rew_b), tr(nxt), tr(terminated),
-                        tr(term_b | trunc_b))
+        batch = Rollout(tr(obs_b), tr(act_b), tr(logp_b), values, tr(rew_b), nxt, tr(terminated), tr(term_b | trunc_b))
         stats = {"time/env": t_env, "time/inference": t_inf}
         if ep_returns:
             stats["charts/episodic_return"] = float(np.mean(ep_returns))
@@ -159,10 +192,32 @@ class PPO:
         b.advantages, b.returns = gae(b.rewards, b.values, b.next_values, b.terminated, b.episode_end,
                                       self.cfg.gamma, self.cfg.gae_lambda)
 
+    def apply_methods(self, b: Rollout) -> None:
+        """Run each method on this batch (the shared :class:`~reflectrl.methods.base.MethodRunner`) and
+        apply its shaping; a reward change moves the GAE advantages by ``discounted_cumsum(delta, gamma *
+        lambda)``, exactly GAE on the shaped rewards."""
+        cfg = self.cfg
+        disc = cfg.gamma * cfg.gae_lambda
+        for runner in self.methods:
+            states, feats = runner.features(self, b)
+            sb = StepBatch(states=states, features=feats, rewards=b.rewards, values=b.values, advantages=b.advantages,
+                           returns=b.returns, episode_end=b.episode_end, terminated=b.terminated,
+                           next_values=b.next_values, progress=(self.update_idx - 1) / cfg.num_updates,
+                           group_size=cfg.seed_group_size)
+            adv = b.advantages
+
+            def linear_gae(rewards: torch.Tensor, delta: torch.Tensor, adv=adv) -> tuple[torch.Tensor, torch.Tensor]:
+                new = adv + discounted_cumsum(delta, b.episode_end, disc)
+                return new, new + b.values
+
+            out = apply_shaping(runner.run(sb), b.rewards, b.advantages, b.returns, b.weights, None, linear_gae)
+            b.rewards, b.advantages, b.returns, b.weights = out.rewards, out.advantages, out.returns, out.weights
+
     def update(self, b: Rollout) -> dict[str, float]:
         """``update_epochs`` passes of minibatch PPO over the flattened rollout."""
         cfg = self.cfg
         B, M = cfg.batch_size, cfg.minibatch_size
+        R, T = b.rewards.shape
         obs, act = b.obs.reshape(B, -1), b.actions.reshape(B, *self.act_shape)
         old_logp, old_v, ret = b.logp.reshape(B), b.values.reshape(B), b.returns.reshape(B)
         adv = b.advantages.reshape(B)
@@ -170,10 +225,11 @@ class PPO:
             adv = adv * b.weights.reshape(B)
         if cfg.anneal_lr:
             self.optimizer.param_groups[0]["lr"] = (1.0 - (self.update_idx - 1) / cfg.num_updates) * cfg.learning_rate
-        acc = torch.zeros(6)
+        usable = self.finite("the advantages", adv) and self.finite("the observations", obs)
+        acc = torch.zeros(7)
         n = 0
-        extra = [h.minibatch_loss for h in self.hooks if hasattr(h, "minibatch_loss")]
-        for _ in range(cfg.update_epochs):
+        aux = [m for m in self.methods if m.has_aux_loss]
+        for _ in range(cfg.update_epochs if usable else 0):
             perm = torch.randperm(B, generator=self.gen)
             for start in range(0, B, M):
                 idx = perm[start:start + M]
@@ -185,77 +241,49 @@ class PPO:
                 vl = value_loss(v, old_v[idx], ret[idx], None, cfg.clip_coef if cfg.clip_vloss else None)
                 entropy = ent.mean()
                 loss = pg - cfg.ent_coef * entropy + cfg.vf_coef * vl
-                for term in extra:  # a method's own loss on this minibatch (hook.minibatch_loss)
-                    loss = loss + term(self, idx, logp, old_logp[idx])
+                for runner in aux:  # a method's own loss on this minibatch, in its batch's [rows, steps] terms
+                    extra = runner.aux_loss(AuxInputs(idx // T, idx % T, logp, old_logp[idx], (R, T)))
+                    if extra is not None:
+                        loss = loss + extra
+                if not self.finite("the loss", loss.detach(), f"epoch minibatch starting at {start}"):
+                    continue
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 acc += torch.stack([pg.detach(), vl.detach(), entropy.detach(), st["old_approx_kl"],
-                                    st["approx_kl"], st["clipfrac"]])
+                                    st["approx_kl"], st["clipfrac"], st["clip_binding_frac"]])
                 n += 1
-            if cfg.target_kl is not None and float(st["approx_kl"]) > cfg.target_kl:
+            if n and cfg.target_kl is not None and float(st["approx_kl"]) > cfg.target_kl:
                 break
-        pg, vl, ent, okl, kl, cf = (acc / n).tolist()
-        return {"charts/learning_rate": self.optimizer.param_groups[0]["lr"], "losses/policy_loss": pg,
-                "losses/value_loss": vl, "losses/entropy": ent, "losses/old_approx_kl": okl,
-                "losses/approx_kl": kl, "losses/clipfrac": cf,
-                "losses/explained_variance": explained_variance(old_v, ret)}
+        pg, vl, ent, okl, kl, cf, cb = (acc / max(n, 1)).tolist()
+        out = {"charts/learning_rate": self.optimizer.param_groups[0]["lr"], "losses/policy_loss": pg,
+               "losses/value_loss": vl, "losses/entropy": ent, "losses/old_approx_kl": okl,
+               "losses/approx_kl": kl, "losses/clipfrac": cf, "losses/clip_binding_frac": cb,
+               "losses/explained_variance": explained_variance(old_v, ret)}
+        if getattr(self, "skipped", 0):
+            out["health/skipped"] = self.skipped
+        return out
 
     def iteration(self) -> dict[str, Any]:
-        """One rollout + advantage estimate + update; returns this update's metrics."""
+        """One rollout + advantage estimate + methods + update; returns this update's metrics."""
         self.update_idx += 1
         t0 = time.perf_counter()
         batch, stats = self.rollout()
         t1 = time.perf_counter()
-        for h in self.hooks:
-            if hasattr(h, "before_advantages"):
-                h.before_advantages(self, batch)
         self.advantages(batch)
-        for h in self.hooks:
-            if hasattr(h, "after_advantages"):
-                h.after_advantages(self, batch)
+        self.apply_methods(batch)
         losses = self.update(batch)
         t2 = time.perf_counter()
         rec = {"update": self.update_idx, "global_step": self.global_step, **stats, **losses,
                "time/update": t2 - t1, "time/iteration": t2 - t0}
-        for h in self.hooks:
-            if hasattr(h, "metrics"):
-                rec.update(h.metrics())
+        for runner in self.methods:
+            rec.update(runner.metrics())
         return rec
 
-    def learn(self) -> dict[str, Any]:
-        """Train until ``total_timesteps``; logs, checkpoints, returns a summary."""
-        cfg = self.cfg
-        logger = open_run(self.run_dir, {"algo": self.algo_name}, cfg)
-        start_step, t_start = self.global_step, time.perf_counter()
-        try:
-            with TrainProgress(cfg.num_updates * cfg.batch_size, cfg.progress, cfg.env_id) as bar:
-                while self.update_idx < cfg.num_updates:
-                    rec = self.iteration()
-                    elapsed = time.perf_counter() - t_start
-                    rec["charts/SPS"] = (self.global_step - start_step) / max(elapsed, 1e-9)
-                    logger.log(rec)
-                    last = self.update_idx == cfg.num_updates
-                    if last or (cfg.save_interval and self.update_idx % cfg.save_interval == 0):
-                        self.save(self.run_dir / CHECKPOINT)
-                    recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
-                    bar.update(self.global_step, rec["charts/SPS"], recent)
-        finally:
-            logger.close()
-        elapsed = time.perf_counter() - t_start
-        return {"run_dir": str(self.run_dir), "global_step": self.global_step, "updates": self.update_idx,
-                "sps": (self.global_step - start_step) / max(elapsed, 1e-9), "wall_s": elapsed,
-                "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None}
-
     # ----------------------------------------------------------------------------- checkpoints
-    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """Everything a resume needs, split into tensors and JSON metadata."""
-        tensors = {f"model/{k}": v for k, v in self.model.state_dict().items()}
-        opt_t, opt_meta = pack_optimizer("optim", self.optimizer)
-        tensors.update(opt_t)
-        tensors["rng/torch_gen"] = self.gen.get_state()
-        tensors["rng/torch_global"] = torch.get_rng_state()
+    def state_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        tensors.update({f"model/{k}": v for k, v in self.model.state_dict().items()})
         tr = self.tracker.state()
         tensors["env/actions"] = torch.from_numpy(np.ascontiguousarray(tr.pop("actions")))
         tensors["env/raw_obs"] = torch.from_numpy(np.ascontiguousarray(self.raw_obs))
@@ -265,33 +293,21 @@ class PPO:
                     tensors[f"{name}/{k}"] = torch.from_numpy(v)
         if self.rew_norm is not None:
             tensors["rew_norm/returns"] = torch.from_numpy(self.rew_norm.returns.copy())
-        meta = {"format": 1, "update": self.update_idx, "global_step": self.global_step, "optim": opt_meta,
-                "tracker": tr, "recent_returns": list(self.recent_returns), "config": dataclasses.asdict(self.cfg)}
-        pack_hooks(self.hooks, tensors, meta)
-        return tensors, meta
+        meta.update({"global_step": self.global_step, "tracker": tr, "recent_returns": list(self.recent_returns)})
 
-    def save(self, path: Path) -> None:
-        """Write the checkpoint atomically."""
-        save_checkpoint(path, *self.state())
+    def load_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model/")})
+        for name, norm in (("obs_norm", self.obs_norm), ("rew_norm", self.rew_norm)):
+            if norm is not None:
+                norm.rms.load({k: tensors[f"{name}/{k}"].numpy() for k in ("mean", "var", "count")})
+        if self.rew_norm is not None:
+            self.rew_norm.returns = tensors["rew_norm/returns"].numpy().copy()
+        self.tracker.load({**meta["tracker"], "actions": tensors["env/actions"].numpy()})
+        self.global_step = int(meta["global_step"])
+        self.recent_returns.extend(meta["recent_returns"])
 
-    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        """Restore from :meth:`state` output and rebuild the envs by replay."""
-        try:
-            self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model/")})
-            self.optimizer.load_state_dict(unpack_optimizer("optim", tensors, meta["optim"]))
-            self.gen.set_state(tensors["rng/torch_gen"])
-            torch.set_rng_state(tensors["rng/torch_global"])
-            for name, norm in (("obs_norm", self.obs_norm), ("rew_norm", self.rew_norm)):
-                if norm is not None:
-                    norm.rms.load({k: tensors[f"{name}/{k}"].numpy() for k in ("mean", "var", "count")})
-            if self.rew_norm is not None:
-                self.rew_norm.returns = tensors["rew_norm/returns"].numpy().copy()
-            self.tracker.load({**meta["tracker"], "actions": tensors["env/actions"].numpy()})
-            self.update_idx, self.global_step = int(meta["update"]), int(meta["global_step"])
-            self.recent_returns.extend(meta["recent_returns"])
-            unpack_hooks(self.hooks, tensors, meta)
-        except (KeyError, RuntimeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint does not match this configuration or is damaged ({exc})") from None
+    def after_load(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        """Rebuild the envs by replaying each one's current episode."""
         self.raw_obs = replay(self.envs, self.tracker)
         if not np.array_equal(self.raw_obs, tensors["env/raw_obs"].numpy()):
             import warnings
@@ -300,47 +316,4 @@ class PPO:
                           "seed and actions, so the resumed run will differ from an uninterrupted one")
         self.obs = self._norm_obs(self.raw_obs, update=False)
 
-    @classmethod
-    def resume(cls, run_dir: str | Path, total_timesteps: int | None = None, config_cls: type = PPOConfig,
-               make_hooks: Any = None, **overrides: Any) -> "PPO":
-        """Rebuild a trainer from a run directory's ``config.json`` and latest checkpoint.
 
-        ``config_cls`` and ``make_hooks(cfg) -> hooks`` rebuild a method that runs on top of PPO."""
-        run_dir = Path(run_dir)
-        cfg = load_run_config(run_dir, config_cls)
-        tensors, meta = load_checkpoint(run_dir / CHECKPOINT)
-        extend_budget(cfg, total_timesteps)
-        cfg = dataclasses.replace(cfg, run_dir=str(run_dir), **overrides)
-        trainer = cls(cfg, hooks=make_hooks(cfg) if make_hooks else None)
-        trainer.load_state(tensors, meta)
-        truncate_metrics(run_dir / "metrics.jsonl", trainer.update_idx)
-        return trainer
-
-
-def run_algo(run_dir: Path) -> str:
-    """The ``algo`` a run directory was trained with (``ppo`` for runs that predate the field)."""
-    path = Path(run_dir) / "config.json"
-    try:
-        return json.loads(path.read_text()).get("algo", "ppo")
-    except FileNotFoundError:
-        if not Path(run_dir).is_dir():
-            raise CheckpointError(f"run directory {run_dir} does not exist") from None
-        raise CheckpointError(f"{run_dir} is not a reflectrl run directory (no config.json)") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is corrupt ({exc})") from None
-
-
-def load_run_config(run_dir: Path, config_cls: type = PPOConfig) -> PPOConfig:
-    """Read ``RUN_DIR/config.json`` into ``config_cls`` (a PPOConfig or a subclass)."""
-    path = Path(run_dir) / "config.json"
-    if not Path(run_dir).is_dir():
-        raise CheckpointError(f"run directory {run_dir} does not exist")
-    if not path.is_file():
-        raise CheckpointError(f"{run_dir} is not a reflectrl run directory (no config.json)")
-    try:
-        raw = json.loads(path.read_text())
-        fields = {f.name: f for f in dataclasses.fields(config_cls)}
-        raw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in fields}
-        return config_cls(**raw)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise CheckpointError(f"{path} is corrupt ({exc})") from None

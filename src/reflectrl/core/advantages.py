@@ -7,6 +7,7 @@ from torch import Tensor
 
 from .masked import masked_whiten
 from .registry import register_adv_est
+from .returns import discounted_cumsum
 
 
 def gae(
@@ -26,14 +27,8 @@ def gae(
     ``terminated | truncated``: it stops the lambda-recursion so advantages never cross episodes.
     """
     not_term = 1.0 - terminated.to(values.dtype)
-    not_end = 1.0 - episode_end.to(values.dtype)
     deltas = rewards + gamma * not_term * next_values - values
-    adv = torch.zeros_like(values)
-    last = torch.zeros_like(values[:, 0])
-    decay = gamma * lam * not_end
-    for t in range(values.shape[1] - 1, -1, -1):
-        last = deltas[:, t] + decay[:, t] * last
-        adv[:, t] = last
+    adv = discounted_cumsum(deltas, episode_end, gamma * lam, kernel="loop")
     return adv, adv + values
 
 
@@ -47,33 +42,24 @@ def next_values_from(values: Tensor, bootstrap: Tensor, final_values: Tensor | N
     return nxt
 
 
-def discounted_returns(rewards: Tensor, episode_end: Tensor, gamma: float) -> Tensor:
-    """Monte-Carlo returns G_t = r_t + gamma * G_{t+1}, reset at episode ends (no bootstrap)."""
-    out = torch.zeros_like(rewards)
-    run = torch.zeros_like(rewards[:, 0])
-    keep = 1.0 - episode_end.to(rewards.dtype)
-    for t in range(rewards.shape[1] - 1, -1, -1):
-        run = rewards[:, t] + gamma * keep[:, t] * run
-        out[:, t] = run
-    return out
-
-
 def group_advantages(scores: Tensor, index: Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
     """Group-relative advantage of each sequence score: ``(s - mean_g)`` (Dr.GRPO) or
-    ``(s - mean_g) / (std_g + eps)`` (GRPO, unbiased std). A group of one, or a group whose scores
-    are all equal, gets advantage 0."""
+    ``(s - mean_g) / (std_g + eps)`` (GRPO, unbiased std). A group whose scores are all equal gets
+    advantage 0; a group of one is taken as verl does (mean 0, std 1): ``s / (1 + eps)``, or ``s``
+    without the std."""
     scores = scores.to(torch.float32) if not scores.is_floating_point() else scores
     inv, counts = _group_ids(index, scores.device)
     n = counts.to(scores.dtype)
     sums = torch.zeros(len(counts), dtype=scores.dtype, device=scores.device).index_add_(0, inv, scores)
     mean = sums / n
     centred = scores - mean[inv]
+    single = n[inv] == 1
     if not norm_by_std:
-        return torch.where(n[inv] > 1, centred, torch.zeros_like(centred))
+        return torch.where(single, scores, centred)
     sq = torch.zeros(len(counts), dtype=scores.dtype, device=scores.device).index_add_(0, inv, centred**2)
     std = (sq / (n - 1).clamp_min(1)).sqrt()
     adv = centred / (std[inv] + eps)
-    return torch.where(n[inv] > 1, adv, torch.zeros_like(adv))
+    return torch.where(single, scores / (1.0 + eps), adv)
 
 
 def _group_ids(index, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -128,7 +114,7 @@ def masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam:
     return adv, (adv + values) * mask
 
 
-@register_adv_est("gae")
+@register_adv_est("gae", requires=("values",))
 def gae_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor | None = None,
                   config=None, *, values: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
     """GAE for token sequences (verl signature); see :func:`masked_gae`. Whitened unless

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -17,28 +20,96 @@ def ppo_policy_loss(
     clip_high: float | None = None,
     agg_mode: str = "token-mean",
     norm_len: int | None = None,
+    clip_c: float | None = None,
+    log_ratio_clamp: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate loss ``-min(rho*A, clip(rho, 1-clip_low, 1+clip_high)*A)``.
 
     ``clip_high=None`` gives the symmetric range; ``clip_high > clip_low`` is DAPO's clip-higher.
-    Returns the aggregated loss and detached stats: ``clipfrac``, ``approx_kl`` (k3, as CleanRL
-    logs it), ``old_approx_kl`` (k1).
+    ``clip_c`` (> 1) adds dual-clip: for ``A < 0`` the loss is at most ``-clip_c * A`` (Ye et al. 2020).
+    ``log_ratio_clamp`` clamps ``log rho`` to ``±clamp`` before the exponential (verl uses 20).
+    Returns the aggregated loss and detached stats: ``clipfrac`` (CleanRL's: share of steps whose ratio
+    lies outside the clip range), ``clip_binding_frac`` (verl's ``pg_clipfrac``: share where the clipped
+    term is the one taken, i.e. the clip changes the loss), ``dual_clip_frac``, ``approx_kl`` (k3, as
+    CleanRL logs it), ``old_approx_kl`` (k1).
     """
     clip_high = clip_low if clip_high is None else clip_high
     log_ratio = logp - old_logp
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = log_ratio.exp()
     pg1 = -advantages * ratio
     pg2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = agg_loss(torch.maximum(pg1, pg2), mask, agg_mode, norm_len)
+    clipped_loss = torch.maximum(pg1, pg2)
+    per_step = clipped_loss
+    if clip_c is not None:
+        pg3 = -advantages * clip_c
+        per_step = torch.where(advantages < 0, torch.minimum(pg3, clipped_loss), clipped_loss)
+    loss = agg_loss(per_step, mask, agg_mode, norm_len)
     with torch.no_grad():
         m = None if mask is None else mask.to(ratio.dtype)
-        clipped = ((ratio < 1.0 - clip_low) & (advantages < 0)) | ((ratio > 1.0 + clip_high) & (advantages > 0))
+        outside = (ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)
+        binding = ((ratio < 1.0 - clip_low) & (advantages < 0)) | ((ratio > 1.0 + clip_high) & (advantages > 0))
         stats = {
-            "clipfrac": masked_mean(clipped.to(ratio.dtype), m),
+            "clipfrac": masked_mean(outside.to(ratio.dtype), m),
+            "clip_binding_frac": masked_mean(binding.to(ratio.dtype), m),
             "approx_kl": masked_mean((ratio - 1) - log_ratio, m),
             "old_approx_kl": masked_mean(-log_ratio, m),
         }
+        if clip_c is not None:
+            stats["dual_clip_frac"] = masked_mean(((clipped_loss > -advantages * clip_c) & (advantages < 0)).to(ratio.dtype), m)
     return loss, stats
+
+
+@dataclass
+class PolicyLossConfig:
+    """Settings of the registered policy losses (verl's actor names)."""
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float | None = None
+    """Dual-clip bound (> 1) for negative advantages; None: no dual clip."""
+    log_ratio_clamp: float | None = None
+    """Clamp of the log-ratio before exp; None: none."""
+    norm_len: int | None = None
+    """Divisor of ``seq-mean-token-sum-norm``."""
+
+
+PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+_POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: register a policy loss ``fn(old_log_prob, log_prob, advantages, response_mask,
+    loss_agg_mode, config, **kwargs) -> (loss, stats)`` (verl's argument names) under ``name``."""
+    def deco(fn: PolicyLoss) -> PolicyLoss:
+        if name in _POLICY_LOSSES and _POLICY_LOSSES[name] is not fn:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        _POLICY_LOSSES[name] = fn
+        return fn
+
+    return deco
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """Look up a registered policy loss."""
+    if name not in _POLICY_LOSSES:
+        raise KeyError(f"unknown policy loss {name!r}; registered: {', '.join(sorted(_POLICY_LOSSES))}")
+    return _POLICY_LOSSES[name]
+
+
+def policy_loss_names() -> list[str]:
+    return sorted(_POLICY_LOSSES)
+
+
+@register_policy_loss("vanilla")
+def clipped_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor | None,
+                        loss_agg_mode: str = "token-mean", config: PolicyLossConfig | None = None,
+                        **kwargs: object) -> tuple[Tensor, dict[str, Tensor]]:
+    """The PPO clipped loss with clip-higher, optional dual-clip and log-ratio clamp (:func:`ppo_policy_loss`)."""
+    c = config or PolicyLossConfig()
+    return ppo_policy_loss(log_prob, old_log_prob, advantages, response_mask, c.clip_ratio_low, c.clip_ratio_high,
+                           loss_agg_mode, c.norm_len, c.clip_ratio_c, c.log_ratio_clamp)
 
 
 def value_loss(

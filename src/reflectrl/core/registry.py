@@ -1,11 +1,9 @@
-"""Registries of advantage estimators and advantage shapers.
-
-Both use verl's estimator signature, so a reflectrl estimator registers into verl unchanged::
+"""The registry of advantage estimators, with verl's estimator signature, so a reflectrl estimator
+registers into verl unchanged::
 
     fn(token_level_rewards, response_mask, index, config, **kwargs) -> (advantages, returns)
 
-A *shaper* takes the same arguments plus ``advantages=`` and ``returns=`` keywords and returns a
-new ``(advantages, returns)`` pair (e.g. reweighting advantages per step).
+Policy losses have their own registry, in verl's style too (:func:`reflectrl.core.losses.register_policy_loss`).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from typing import Callable
 
 AdvEstimator = Callable[..., tuple]
 _ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
-_SHAPERS: dict[str, AdvEstimator] = {}
+_REQUIRES: dict[str, frozenset[str]] = {}
 
 
 def _register(table: dict[str, AdvEstimator], kind: str, name: str) -> Callable[[AdvEstimator], AdvEstimator]:
@@ -33,9 +31,17 @@ def _get(table: dict[str, AdvEstimator], kind: str, name: str) -> AdvEstimator:
     return table[name]
 
 
-def register_adv_est(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Decorator: register an advantage estimator under ``name``."""
+def register_adv_est(name: str, requires: tuple[str, ...] = ()) -> Callable[[AdvEstimator], AdvEstimator]:
+    """Decorator: register an advantage estimator under ``name``; ``requires`` names the keyword
+    inputs beyond verl's four that a front end must pass (``values``: a critic's per-step values)."""
+    _REQUIRES[name] = frozenset(requires)
     return _register(_ADV_ESTIMATORS, "advantage estimator", name)
+
+
+def adv_est_requires(name: str) -> frozenset[str]:
+    """What a registered estimator needs beyond rewards, mask and group index."""
+    _get(_ADV_ESTIMATORS, "advantage estimator", name)
+    return _REQUIRES.get(name, frozenset())
 
 
 def get_adv_est(name: str) -> AdvEstimator:
@@ -43,16 +49,8 @@ def get_adv_est(name: str) -> AdvEstimator:
     return _get(_ADV_ESTIMATORS, "advantage estimator", name)
 
 
-def register_shaper(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Decorator: register an advantage shaper under ``name``."""
-    return _register(_SHAPERS, "shaper", name)
-
-
-def get_shaper(name: str) -> AdvEstimator:
-    """Look up a registered advantage shaper."""
-    return _get(_SHAPERS, "shaper", name)
-
-
 def list_registered() -> dict[str, list[str]]:
-    """Names of every registered estimator and shaper."""
-    return {"adv_estimators": sorted(_ADV_ESTIMATORS), "shapers": sorted(_SHAPERS)}
+    """Names of every registered estimator and policy loss."""
+    from .losses import policy_loss_names
+
+    return {"adv_estimators": sorted(_ADV_ESTIMATORS), "policy_losses": policy_loss_names()}

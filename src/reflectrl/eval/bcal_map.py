@@ -21,17 +21,16 @@ from ..errors import ConfigError
 
 def bcal_samples(run_dir: str | Path, rollouts: int = 1, dims: tuple[int, int] = (0, 1)) -> dict[str, np.ndarray]:
     """Per-step ``pos [N, 2]`` (raw observation dims ``dims``), ``b_cal [N]``, ``f [N]``, ``target [N]``."""
-    from ..control.algos import get_algo
-    from ..control.ppo import run_algo
+    from ..algos import resume, run_algo
     from ..methods.refgrpo_seed import RefGRPOSeed, calibration_bonus, normalized_advantages
 
     run_dir = Path(run_dir)
-    name = run_algo(run_dir)
+    name = run_algo(run_dir).name
     if name != "refgrpo-seed":
         raise ConfigError(f"{run_dir} is a run of {name}; the b_cal map needs a refgrpo-seed run")
     if rollouts < 1:
         raise ConfigError("--rollouts must be at least 1")
-    trainer = get_algo(name).resume(run_dir, progress=False, tensorboard=False)
+    trainer = resume(run_dir, progress=False, tensorboard=False)
     hook = next(h for h in trainer.hooks if isinstance(getattr(h, "method", None), RefGRPOSeed))
     method = hook.method
     obs_dim = trainer.envs.single_observation_space.shape[0]

@@ -392,10 +392,10 @@ def _validate(args: argparse.Namespace) -> list[MethodSpec]:
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--methods names a method twice ({', '.join(labels)}); give variants distinct labels")
-    from ..control.algos import algo_names
+    from ..algos import algo_names
     from ..control.envs import check_env_id
 
-    known = algo_names()
+    known = algo_names("control")
     for m in methods:
         if m.algo not in known:
             raise ConfigError(f"unknown --algo {m.algo!r} in --methods; available: {', '.join(known)}")

@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from ..errors import ConfigError, ReflectRLError
+from ..cliutil import run_command
+from ..errors import ConfigError
 
 USAGE = """usage: reflectrl llm COMMAND [ARGS]
 
@@ -21,7 +21,7 @@ commands:
   eval       held-out accuracy (Wilson interval) or pass@k of a model or run directory
 """
 
-TRAIN_HEADER = """usage: reflectrl llm train [--algo {algos}] [--resume RUN_DIR] --task TASK --model PATH [FLAGS]
+TRAIN_HEADER = """usage: reflectrl llm train [--algo {algos}] [--resume RUN_DIR] --task TASK [--set KEY=VALUE ...] --model PATH [FLAGS]
 
 Train a causal LM by RL on a verifiable task. --algo applies a variant's defaults (grpo: mean/std
 group advantages, seq-mean-token-mean; drgrpo: mean-centred, seq-mean-token-sum-norm; dapo:
@@ -60,43 +60,33 @@ def cmd_warmup(argv: list[str]) -> int:
 
 def _train_front(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="reflectrl llm train", add_help=False)
-    ap.add_argument("--algo", default="grpo")
+    ap.add_argument("--algo", default=None)
     ap.add_argument("--resume", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return ap.parse_known_args(argv)
 
 
 def cmd_train(argv: list[str]) -> int:
     import tyro
 
-    from .config import CHECKPOINT, LLM_ALGOS, config_for_algo
-    from .grpo import GRPO
+    from ..algos import algo_names, get_algo
+    from ..cliutil import print_json, resume_from_cli
+    from ..tasks.base import parse_options
 
     front, rest = _train_front(argv)
-    algos = "|".join(sorted(LLM_ALGOS))
     if "-h" in rest or "--help" in rest:
-        print(TRAIN_HEADER.format(algos=algos))
+        print(TRAIN_HEADER.format(algos="|".join(algo_names("llm"))))
     if front.resume is not None:
-        ap = argparse.ArgumentParser(prog="reflectrl llm train --resume RUN_DIR")
-        ap.add_argument("--updates", type=int, default=None, help="train to this many updates in total")
-        ap.add_argument("--time-limit-s", type=float, default=None, help="stop after this much wall time")
-        ap.add_argument("--cpu-time-limit-s", type=float, default=None, help="stop after this much CPU time")
-        ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-        extra = ap.parse_args(rest)
-        overrides = {"progress": False} if extra.no_progress else {}
-        for key in ("time_limit_s", "cpu_time_limit_s"):
-            if getattr(extra, key) is not None:
-                overrides[key] = getattr(extra, key)
-        trainer = GRPO.resume(front.resume, extra.updates, **overrides)
+        if front.set:
+            raise ConfigError("--resume continues a run with its own task options; --set cannot be combined with it")
+        trainer = resume_from_cli(front.resume, rest, "llm", front.algo)
     else:
-        if front.algo not in LLM_ALGOS:
-            raise ConfigError(f"unknown --algo {front.algo!r}; available: {', '.join(sorted(LLM_ALGOS))}")
-        default = config_for_algo(front.algo)
-        cfg = tyro.cli(type(default), args=rest, default=default, prog=f"reflectrl llm train --algo {front.algo}")
-        if cfg.run_dir and (Path(cfg.run_dir) / CHECKPOINT).exists():
-            raise ConfigError(f"run directory {cfg.run_dir} already holds a run; continue it with "
-                              f"`reflectrl llm train --resume {cfg.run_dir}` or choose another --run-dir")
-        trainer = GRPO(cfg)
-    print(json.dumps(trainer.learn()))
+        algo = get_algo("llm", front.algo or "grpo")
+        parse_options(front.set)  # one clear error for a malformed KEY=VALUE
+        default = algo.config(task_options=tuple(front.set))
+        cfg = tyro.cli(type(default), args=rest, default=default, prog=f"reflectrl llm train --algo {algo.name}")
+        trainer = algo.make(cfg)
+    print_json(trainer.learn())
     return 0
 
 
@@ -143,24 +133,17 @@ COMMANDS = {"init-tiny": cmd_init_tiny, "warmup": cmd_warmup, "train": cmd_train
 
 def main(argv: list[str] | None = None) -> int:
     """``reflectrl llm COMMAND ...``."""
-    from .config import LLM_ALGOS
+    from ..algos import algo_names
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = USAGE.format(algos="|".join(sorted(LLM_ALGOS)))
+    usage = USAGE.format(algos="|".join(algo_names("llm")))
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         print(f"error: unknown llm command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    try:
-        return COMMANDS[argv[0]](argv[1:])
-    except ReflectRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; continue with `reflectrl llm train --resume RUN_DIR`", file=sys.stderr)
-        return 130
+    return run_command(COMMANDS[argv[0]], argv[1:])
 
 
 if __name__ == "__main__":

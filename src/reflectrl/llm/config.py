@@ -1,5 +1,7 @@
-"""The GRPO-family run options (:class:`GRPOConfig`), the defaults each ``--algo`` applies, and
-reading an LLM run directory's ``config.json``."""
+"""The GRPO-family run options (:class:`GRPOConfig`) and reading an LLM run directory's ``config.json``.
+
+The defaults each ``reflectrl llm train --algo`` applies on top of these are registered with the
+algorithm (:mod:`reflectrl.algos`)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from ..core import LOSS_AGG_MODES, list_registered
+from ..core import LOSS_AGG_MODES, adv_est_requires, list_registered
 from ..errors import CheckpointError, ConfigError
+from ..trainer import CHECKPOINT, RunOptions, check_all, load_config, read_config_json, run_kind
 
-CHECKPOINT = "checkpoint.safetensors"
 SAMPLES = "samples.jsonl"
 
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(RunOptions):
     """GRPO-family RL on a verifiable task; --algo picks a variant's defaults, explicit flags override them."""
 
     task: str = "arith"
@@ -25,19 +27,17 @@ class GRPOConfig:
     model: str = ""
     """Hugging Face model directory (or hub id where a hub is reachable)."""
     algo: str = "grpo"
-    """Variant whose defaults were applied (grpo, drgrpo, dapo); recorded in config.json."""
-    run_dir: Optional[str] = None
-    """Where metrics, samples, TensorBoard events and checkpoints go (default runs/<task>__<algo>__<seed>__<time>)."""
-    seed: int = 1
-    """Seed of sampling, problem order and minibatch order."""
+    """The algo whose defaults were applied; recorded in config.json (set by --algo)."""
+    task_options: tuple[str, ...] = ()
+    """Task options as KEY=VALUE (what ``--set KEY=VALUE`` gives; see ``reflectrl tasks show TASK``)."""
     updates: int = 100
     """Rollout + optimizer-update iterations to train for."""
     prompts_per_update: int = 16
     """Problems per rollout batch."""
     group_size: int = 8
     """Samples per problem (G); group advantages compare them."""
-    max_new_tokens: int = 32
-    """Token limit of one completion (one turn)."""
+    max_new_tokens: Optional[int] = None
+    """Token limit of one completion (one turn); default: the task's (``reflectrl tasks show TASK``), else 32."""
     max_turns: Optional[int] = None
     """Turns per episode (default 1 for single-turn tasks, the task's ``max_turns`` or 6 for multi-turn)."""
     max_response_tokens: Optional[int] = None
@@ -67,12 +67,28 @@ class GRPOConfig:
     """Lower clip range of the ratio (and the upper one unless clip_high is set)."""
     clip_high: Optional[float] = None
     """Upper clip range (clip-higher, e.g. 0.28); None is symmetric."""
+    clip_c: Optional[float] = None
+    """Dual-clip bound (> 1) on the loss of negative-advantage tokens; None: no dual clip."""
+    log_ratio_clamp: Optional[float] = None
+    """Clamp the log-ratio to +-this before the exponential (verl uses 20); None: no clamp."""
+    policy_loss: str = "vanilla"
+    """Registered policy loss (core.register_policy_loss): vanilla is the clipped loss above."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the frozen reference (0: no reference is kept)."""
     kl_estimator: Literal["k1", "k3"] = "k3"
     """Per-token KL estimator."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient."""
+    gamma: float = 1.0
+    """Discount of --adv-estimator gae over tokens."""
+    lam: float = 1.0
+    """GAE lambda of --adv-estimator gae."""
+    whiten: bool = True
+    """Whiten the GAE advantages over the batch (as verl does)."""
+    vf_coef: float = 0.5
+    """Weight of the value loss of the critic head (--adv-estimator gae)."""
+    value_clip: Optional[float] = 0.2
+    """Clip range of the critic's value loss around its old values (None: unclipped)."""
     filter_zero_std: bool = False
     """Leave groups whose rewards are all equal out of the update (DAPO's dynamic-sampling filter)."""
     ppo_epochs: int = 1
@@ -110,48 +126,53 @@ class GRPOConfig:
     """Greedy held-out accuracy every this many updates (0: never)."""
     eval_problems: int = 200
     """Held-out problems in that evaluation."""
-    save_interval: int = 10
-    """Checkpoint every this many updates (and always at the end); 0 saves only at the end."""
     sample_interval: int = 10
     """Write sample completions to samples.jsonl every this many updates (0: never)."""
     samples_per_log: int = 4
     """Completions written each time."""
-    time_limit_s: Optional[float] = None
-    """Stop (with a checkpoint) once this much wall time has passed."""
-    cpu_time_limit_s: Optional[float] = None
-    """Stop (with a checkpoint) once this much CPU time has been used by the trainer (all threads) and the
-    processes it ran (sandboxed tests): a compute budget that does not depend on what else the machine runs."""
-    threads: int = 1
-    """torch CPU threads."""
-    progress: bool = True
-    """Show a progress bar."""
-    tensorboard: bool = True
-    """Write TensorBoard events to RUN_DIR/tb."""
-    track: bool = False
-    """Log to Weights & Biases."""
-    wandb_project_name: str = "reflectrl"
     export_model: bool = True
     """Write the final policy as a Hugging Face model directory RUN_DIR/model."""
+
+    budget_field = "updates"
 
     @property
     def rows(self) -> int:
         return self.prompts_per_update * self.group_size
 
+    def task_kwargs(self) -> dict[str, Any]:
+        """``task_options`` as keyword arguments of the task (values parsed as in ``reflectrl tasks --set``)."""
+        from ..tasks.base import parse_options
+
+        return parse_options(self.task_options)
+
+    def resolved(self, task: Any) -> "GRPOConfig":
+        """A copy with the turn and token budgets filled in from the task: turns default to 1 for a
+        single-turn task and to the task's ``max_turns`` (else 6) for a multi-turn one; a completion's
+        budget to the task's ``max_new_tokens`` (else 32); the whole response's to completion budget x
+        turns (x 2 for multi-turn feedback)."""
+        multi = bool(getattr(task, "multi_turn", False))
+        turns = self.max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
+        per_turn = self.max_new_tokens or int(getattr(task, "max_new_tokens", 32))
+        budget = self.max_response_tokens or (per_turn * turns * (2 if multi else 1))
+        return dataclasses.replace(self, max_turns=turns, max_new_tokens=per_turn, max_response_tokens=budget,
+                                   norm_len=self.norm_len or budget)
+
     def budget_schedules(self) -> list[str]:
-        """The enabled settings whose values follow ``updates`` (see :func:`reflectrl.checkpoint.extend_budget`);
+        """The enabled settings whose values follow ``updates`` (see :func:`reflectrl.trainer.extend_budget`);
         a method hook's progress-based schedule (``StepBatch.progress``) follows it too."""
         return ["--lr-schedule linear"] if self.lr_schedule == "linear" else []
 
     def validate(self) -> None:
         """Raise ConfigError for an impossible or inconsistent setting."""
-        checks = [
+        checks = self.run_checks() + [
             (self.model != "", "--model is required: a Hugging Face model directory "
                                "(make one with `reflectrl llm init-tiny DIR`)"),
             (self.updates >= 1, f"updates must be >= 1, got {self.updates}"),
             (self.prompts_per_update >= 1, f"prompts_per_update must be >= 1, got {self.prompts_per_update}"),
             (self.group_size >= 2,
              f"group_size must be >= 2 (group advantages compare samples), got {self.group_size}"),
-            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.max_new_tokens is None or self.max_new_tokens >= 1,
+             f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
             (self.max_turns is None or self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}"),
             (self.temperature > 0, "temperature must be > 0 for training (0 makes every sample of a group "
                                    f"identical), got {self.temperature}"),
@@ -159,6 +180,11 @@ class GRPOConfig:
             (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
             (0 < self.clip_low < 1, f"clip_low must be in (0, 1), got {self.clip_low}"),
             (self.clip_high is None or self.clip_high > 0, f"clip_high must be > 0, got {self.clip_high}"),
+            (self.clip_c is None or self.clip_c > 1, f"clip_c must be > 1 (dual-clip), got {self.clip_c}"),
+            (self.log_ratio_clamp is None or self.log_ratio_clamp > 0, "log_ratio_clamp must be > 0"),
+            (0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]"),
+            (self.vf_coef >= 0 and (self.value_clip is None or self.value_clip > 0),
+             "vf_coef must be >= 0 and value_clip > 0"),
             (self.kl_coef >= 0 and self.entropy_coef >= 0, "kl_coef and entropy_coef must be >= 0"),
             (self.loss_agg_mode in LOSS_AGG_MODES,
              f"unknown loss_agg_mode {self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}"),
@@ -174,50 +200,28 @@ class GRPOConfig:
             (self.sandbox_batch >= 1, f"sandbox_batch must be >= 1, got {self.sandbox_batch}"),
             (self.lora_r >= 0, f"lora_r must be >= 0, got {self.lora_r}"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(msg)
-        if self.adv_estimator not in list_registered()["adv_estimators"]:
+        check_all(checks)
+        registered = list_registered()
+        if self.adv_estimator not in registered["adv_estimators"]:
             raise ConfigError(f"unknown adv_estimator {self.adv_estimator!r}; registered: "
-                              f"{', '.join(list_registered()['adv_estimators'])}")
+                              f"{', '.join(registered['adv_estimators'])}")
+        unknown = adv_est_requires(self.adv_estimator) - PROVIDED
+        if unknown:
+            raise ConfigError(f"adv_estimator {self.adv_estimator!r} needs {', '.join(sorted(unknown))}, which the "
+                              f"LLM trainer does not provide (it provides {', '.join(sorted(PROVIDED))})")
+        if self.policy_loss not in registered["policy_losses"]:
+            raise ConfigError(f"unknown policy_loss {self.policy_loss!r}; registered: "
+                              f"{', '.join(registered['policy_losses'])}")
 
 
-# the defaults each --algo applies on top of GRPOConfig's
-LLM_ALGOS: dict[str, dict[str, Any]] = {
-    "grpo": {},
-    "drgrpo": {"adv_estimator": "drgrpo", "loss_agg_mode": "seq-mean-token-sum-norm"},
-    "dapo": {"clip_high": 0.28, "loss_agg_mode": "token-mean", "filter_zero_std": True},
-}
-
-
-def register_llm_algo(name: str, defaults: dict[str, Any]) -> None:
-    """Make ``reflectrl llm train --algo NAME`` start from ``defaults`` (a method registers its preset)."""
-    LLM_ALGOS[name] = dict(defaults)
-
-
-def config_for_algo(algo: str, **overrides: Any) -> GRPOConfig:
-    """GRPOConfig with the defaults of ``algo`` and then ``overrides``."""
-    if algo not in LLM_ALGOS:
-        raise ConfigError(f"unknown LLM algo {algo!r}; available: {', '.join(sorted(LLM_ALGOS))}")
-    return GRPOConfig(**{**LLM_ALGOS[algo], "algo": algo, **overrides})
+PROVIDED = frozenset({"values"})  # estimator inputs the trainer computes: values from a critic head
 
 
 def load_llm_config(run_dir: str | Path) -> GRPOConfig:
     """Read ``RUN_DIR/config.json`` of an LLM run into a GRPOConfig."""
-    run_dir = Path(run_dir)
-    path = run_dir / "config.json"
-    if not run_dir.is_dir():
-        raise CheckpointError(f"run directory {run_dir} does not exist")
-    if not path.is_file():
-        raise CheckpointError(f"{run_dir} is not a reflectrl run directory (no config.json)")
-    try:
-        raw = json.loads(path.read_text())
-        names = {f.name for f in dataclasses.fields(GRPOConfig)}
-        if raw.get("kind") != "llm":
-            raise CheckpointError(f"{run_dir} is not an LLM run directory (written by `reflectrl train`?)")
-        return GRPOConfig(**{k: v for k, v in raw.items() if k in names})
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise CheckpointError(f"{path} is corrupt ({exc})") from None
+    if run_kind(read_config_json(run_dir)) != "llm":
+        raise CheckpointError(f"{run_dir} is a control run directory: evaluate it with `reflectrl eval {run_dir}`")
+    return load_config(run_dir, GRPOConfig)
 
 
 def is_llm_run_dir(path: str | Path) -> bool:

@@ -102,9 +102,12 @@ def load_for_eval(path: str | Path, device: str = "cpu") -> tuple[Policy, dict[s
     """A policy from a model directory, or from a GRPO run directory's latest checkpoint (its base
     model plus the trained weights); returns it with the run's config (empty for a model directory)."""
     from ..checkpoint import load_checkpoint
-    from .config import CHECKPOINT, is_llm_run_dir, load_llm_config
+    from ..trainer import CHECKPOINT, read_config_json, run_kind
+    from .config import is_llm_run_dir, load_llm_config
 
     p = Path(path)
+    if (p / "config.json").is_file() and (p / CHECKPOINT).is_file() and run_kind(read_config_json(p)) == "control":
+        raise ReflectRLError(f"{p} is a control run directory: evaluate it with `reflectrl eval {p}`")
     if is_llm_run_dir(p):
         cfg = load_llm_config(p)
         tensors, _ = load_checkpoint(p / CHECKPOINT)

@@ -1,18 +1,33 @@
-"""What every method sees and returns, plus the tensor helpers the methods share.
+"""The method contract both front ends share: what a method sees, what it returns, and the one
+adapter that runs it.
 
 A method is a small class with a narrow protocol (:class:`Method`): ``fit(batch)`` trains its
-learned part, ``shape(batch)`` returns a :class:`Shaping` (a change of rewards, of advantages, or
-per-step advantage weights) without touching the batch, ``metrics()``, and ``state()`` /
-``load_state()`` for checkpoints. A front end builds the :class:`StepBatch` (``[rows, steps]``
-tensors plus per-step ``states`` and ``features``), applies the shaping and re-estimates what
-depends on the rewards; the control front end's adapter is :mod:`reflectrl.methods.control_algos`.
+learned part, ``shape(batch)`` returns a :class:`Shaping` without touching the batch, optionally
+``aux_loss(inputs)`` adds a term to the policy loss, plus ``metrics()`` and ``state()`` /
+``load_state()``. A front end (PPO, GRPO) builds the :class:`StepBatch` in the ``[rows, steps]``
+layout, :class:`MethodRunner` runs ``fit`` and ``shape`` in the method's declared order, and the
+front end applies the result with :func:`apply_shaping`, the same function on both front ends.
+
+What a :class:`Shaping` means, on every front end:
+
+* ``reward_delta [R, T]`` is added to the per-step rewards and the front end re-runs its advantage
+  estimator on the shaped rewards (PPO: GAE, exactly; GRPO: the group estimator, so the change enters
+  *before* group normalization). The returns (critic targets) follow the shaped rewards.
+* ``advantage_delta [R, T]`` is added to the estimator's advantages: after GAE, after group
+  normalization. The returns stay as they are.
+* ``weights [R, T]`` multiply the advantages (after ``advantage_delta``) token by token; the weights of
+  several methods multiply.
+
+The result is what the policy loss receives. A normalization that belongs to the *loss* comes after
+all three: PPO's per-minibatch advantage whitening (``--norm-adv``) whitens the shaped, weighted
+advantages of each minibatch.
 """
 
 from __future__ import annotations
 
-import math
+import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -23,7 +38,7 @@ class StepBatch:
     """One batch in the ``[rows, steps]`` layout. ``states [R, T, Fs]`` describe where the agent
     was (observations, or an LLM's hidden states); ``features [R, T, F]`` add what it did
     (observation + action). ``episode_end`` cuts rows into trajectories (control rows are env
-    streams that hold several episodes and may end mid-episode)."""
+    streams that hold several episodes and may end mid-episode; an LLM row is one episode)."""
 
     states: Tensor
     features: Tensor
@@ -39,21 +54,44 @@ class StepBatch:
     """Fraction of training done, in [0, 1] (for schedules)."""
     group_size: int = 1
     """Rows r and s hold trajectories of one group when r // group_size == s // group_size."""
+    turn_ids: Tensor | None = None
+    """``[R, T]`` turn of each step of a multi-turn LLM episode (-1 on padding); None elsewhere."""
 
 
 @dataclass
 class Shaping:
-    """What a method changes: ``reward_delta`` (the front end re-estimates advantages and returns
-    from the shaped rewards), ``advantage_delta`` (added to the advantages as they are), and
-    ``weights`` (multiply the advantages in the policy loss). ``None`` leaves a field alone."""
+    """What a method changes (see the module docstring for where each field enters); ``None`` leaves
+    a field alone."""
 
     reward_delta: Tensor | None = None
     advantage_delta: Tensor | None = None
     weights: Tensor | None = None
 
 
+@dataclass
+class AuxInputs:
+    """One minibatch of the policy update as a method's auxiliary loss sees it, in the coordinates of
+    the :class:`StepBatch` it shaped: step ``i`` is ``(rows[i], steps[i])``, with its log-probability
+    under the current policy ``logp[i]`` (with gradient) and the one it was sampled with ``old_logp[i]``.
+    A front end may split an update into several such minibatches (PPO's minibatches, GRPO's
+    micro-batches); each loss is added to its minibatch's policy loss."""
+
+    rows: Tensor
+    steps: Tensor
+    logp: Tensor
+    old_logp: Tensor
+    shape: tuple[int, int]
+
+    @property
+    def mask(self) -> Tensor:
+        """``[R, T]`` bool: the steps of this minibatch."""
+        m = torch.zeros(self.shape, dtype=torch.bool)
+        m[self.rows, self.steps] = True
+        return m
+
+
 class Method(Protocol):
-    """The protocol of a method class."""
+    """The protocol of a method class (``aux_loss`` is optional)."""
 
     fit_first: bool
     """True: ``fit`` runs before ``shape`` on the same batch; False: after it."""
@@ -69,59 +107,79 @@ class Method(Protocol):
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None: ...
 
 
-_POW_CACHE: dict[tuple, Tensor] = {}
-_MATRIX_LIMIT = 4_000_000  # rows * steps^2 above which discounted_cumsum loops instead
+Features = Callable[[Any, Any], tuple[Tensor, Tensor]]
+"""``features(trainer, batch) -> (states [R, T, Fs], features [R, T, F])`` of a front end's batch."""
 
 
-def discounted_cumsum(x: Tensor, episode_end: Tensor, discount: float) -> Tensor:
-    """``y_t = x_t + discount * (1 - end_t) * y_{t+1}`` along the steps of ``[rows, steps]``.
+class MethodRunner:
+    """The one adapter between a method and a front end: :meth:`run` fits and shapes in the declared
+    order on the StepBatch the front end built; :meth:`aux_loss` forwards a minibatch to the method's
+    auxiliary loss, if it has one. ``features`` (optional) says what the method's learned parts read."""
 
-    GAE is linear in the rewards, so adding ``d`` to the rewards adds
-    ``discounted_cumsum(d, episode_end, gamma * lambda)`` to the GAE advantages: re-estimating
-    after a reward shaping costs one batched matmul instead of a second step-by-step recursion."""
-    rows, steps = x.shape
-    if rows * steps * steps > _MATRIX_LIMIT:
-        return _discounted_cumsum_loop(x, episode_end, discount)
-    key = (steps, float(discount), x.dtype)
-    if key not in _POW_CACHE:
-        idx = torch.arange(steps, dtype=torch.float64)
-        diff = idx[None, :] - idx[:, None]
-        _POW_CACHE[key] = torch.where(diff >= 0, torch.tensor(float(discount), dtype=torch.float64) ** diff.clamp_min(0),
-                                      torch.zeros(())).to(x.dtype)
-    end = episode_end.to(torch.int64)
-    seg = end.cumsum(1) - end  # episode ends strictly before each step
-    same = seg.unsqueeze(2) == seg.unsqueeze(1)
-    return torch.bmm(_POW_CACHE[key] * same, x.unsqueeze(-1)).squeeze(-1)
+    def __init__(self, method: Any, features: Features | None = None, name: str | None = None):
+        if not hasattr(method, "fit_first"):
+            raise TypeError(f"{type(method).__name__} does not declare fit_first (fit before or after shape)")
+        self.method, self.features = method, features
+        self.name = name or type(method).__name__
+        self.seconds = 0.0
+
+    @property
+    def has_aux_loss(self) -> bool:
+        return callable(getattr(self.method, "aux_loss", None))
+
+    def run(self, batch: StepBatch) -> Shaping:
+        t0 = time.perf_counter()
+        m = self.method
+        if m.fit_first:
+            m.fit(batch)
+            shaping = m.shape(batch)
+        else:
+            shaping = m.shape(batch)
+            m.fit(batch)
+        self.seconds = time.perf_counter() - t0
+        return shaping
+
+    def aux_loss(self, inputs: AuxInputs) -> Tensor | None:
+        return self.method.aux_loss(inputs) if self.has_aux_loss else None
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.method.metrics(), f"time/method/{self.name}": self.seconds}
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        return self.method.state()
+
+    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        self.method.load_state(tensors, meta)
 
 
-def _discounted_cumsum_loop(x: Tensor, episode_end: Tensor, discount: float) -> Tensor:
-    out = torch.zeros_like(x)
-    run = torch.zeros_like(x[:, 0])
-    keep = discount * (1.0 - episode_end.to(x.dtype))
-    for t in range(x.shape[1] - 1, -1, -1):
-        run = x[:, t] + keep[:, t] * run
-        out[:, t] = run
-    return out
+@dataclass
+class Shaped:
+    """A front end's rewards, advantages, returns and weights after a :class:`Shaping`."""
+
+    rewards: Tensor
+    advantages: Tensor
+    returns: Tensor
+    weights: Tensor | None
 
 
-def returns_to_go(rewards: Tensor, gamma: float, bootstrap: float = 0.0) -> Tensor:
-    """``G_t = sum_k gamma^(k-t) r_k + gamma^(L-t) * bootstrap`` of one trajectory ``[L]``
-    (``bootstrap``: the value of the state after the last step, 0 if it terminated)."""
-    n = rewards.shape[0]
-    r = rewards.to(torch.float64)
-    if n == 0:
-        return rewards.clone()
-    if gamma <= 0.0 or n * math.log(gamma) < -600.0:
-        g = torch.zeros_like(r)
-        run = float(bootstrap)
-        for t in range(n - 1, -1, -1):
-            run = float(r[t]) + gamma * run
-            g[t] = run
-        return g.to(rewards.dtype)
-    powers = torch.tensor(float(gamma), dtype=torch.float64) ** torch.arange(n + 1, dtype=torch.float64)
-    tail = torch.flip(torch.cumsum(torch.flip(powers[:n] * r, [0]), 0), [0])
-    g = tail / powers[:n] + powers.flip(0)[:n] * float(bootstrap)
-    return g.to(rewards.dtype)
+Reestimate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+"""``reestimate(shaped_rewards, reward_delta) -> (advantages, returns)``: the front end's estimator."""
+
+
+def apply_shaping(sh: Shaping, rewards: Tensor, advantages: Tensor, returns: Tensor, weights: Tensor | None,
+                  mask: Tensor | None, reestimate: Reestimate) -> Shaped:
+    """Apply a method's shaping as the module docstring defines it: reward change (re-estimated),
+    then advantage change, then weights; deltas are zeroed outside ``mask``."""
+    m = (lambda x: x) if mask is None else (lambda x: x * mask.to(x.dtype))
+    if sh.reward_delta is not None:
+        delta = m(sh.reward_delta)
+        rewards = rewards + delta
+        advantages, returns = reestimate(rewards, delta)
+    if sh.advantage_delta is not None:
+        advantages = advantages + m(sh.advantage_delta)
+    if sh.weights is not None:
+        weights = sh.weights if weights is None else weights * sh.weights
+    return Shaped(rewards, advantages, returns, weights)
 
 
 @dataclass

@@ -1,29 +1,24 @@
-"""The seed methods and DQN as ``reflectrl train --algo NAME`` entries of the control front end.
-
-Each PPO-based method is a PPOConfig subclass (so every option is a CLI flag) plus one
-:class:`MethodHook`, which runs the method on PPO's batch after GAE: it builds the
-:class:`~reflectrl.methods.base.StepBatch` (features are tensors PPO already holds), calls
-``fit`` and ``shape`` in the method's order and applies the shaping before the PPO update. A reward
-change re-estimates GAE exactly, by linearity: ``A' = A + discounted_cumsum(delta, gamma * lambda)``.
+"""The seed methods on the control front end: one config dataclass per method (a PPOConfig or
+DQNConfig subclass, so every option is a ``reflectrl train --algo NAME`` flag) and what each needs built
+for a run: its :class:`~reflectrl.methods.base.MethodRunner` (PPO reads the features it names from its
+own batch) or, for exgrpo-seed-dqn, its DQN hook. The composition root :mod:`reflectrl.algos`
+registers them.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..control.algos import Algo, register_algo
 from ..control.config import PPOConfig
-from ..control.dqn import DQN, DQNConfig
+from ..control.dqn import DQNConfig
 from ..control.envs import make_vector_env
-from ..control.ppo import PPO, Rollout
 from ..errors import ConfigError
-from .base import Shaping, StepBatch, discounted_cumsum
+from .base import MethodRunner
 from .exgrpo_seed import ExGRPOSeed, ExGRPOSeedDQNHook, ExGRPOSeedOptions
 from .gear_seed import GearSeed, GearSeedOptions
 from .nets import control_features
@@ -100,61 +95,6 @@ class ExGRPOSeedDQNConfig(ExGRPOSeedOptions, DQNConfig):
         _check(self.validate_exgrpo())
 
 
-# ----------------------------------------------------------------------------- the PPO adapter
-def apply_shaping(b: Rollout, sh: Shaping, discount: float) -> None:
-    """Apply a method's shaping to PPO's rollout: a reward change moves the GAE advantages by
-    ``discounted_cumsum(delta, gamma * lambda)`` (exactly GAE on the shaped rewards) and the
-    returns with them; an advantage change leaves the returns (the critic's targets) alone."""
-    if sh.reward_delta is not None:
-        b.rewards = b.rewards + sh.reward_delta
-        b.advantages = b.advantages + discounted_cumsum(sh.reward_delta, b.episode_end, discount)
-        b.returns = b.advantages + b.values
-    if sh.advantage_delta is not None:
-        b.advantages = b.advantages + sh.advantage_delta
-    if sh.weights is not None:
-        b.weights = sh.weights if b.weights is None else b.weights * sh.weights
-
-
-Features = Callable[[PPO, Rollout], tuple[Tensor, Tensor]]
-
-
-class MethodHook:
-    """PPO hook that runs one method class on each batch after GAE (see the module docstring)."""
-
-    def __init__(self, method: Any, features: Features):
-        self.method, self.features = method, features
-        self.seconds = 0.0
-        if hasattr(method, "minibatch_loss"):  # an extra loss term on each PPO minibatch
-            self.minibatch_loss = lambda trainer, idx, logp, old_logp: method.minibatch_loss(idx, logp, old_logp)
-
-    def after_advantages(self, trainer: PPO, b: Rollout) -> None:
-        t0 = time.perf_counter()
-        cfg = trainer.cfg
-        states, feats = self.features(trainer, b)
-        sb = StepBatch(states=states, features=feats, rewards=b.rewards, values=b.values, advantages=b.advantages,
-                       returns=b.returns, episode_end=b.episode_end, terminated=b.terminated,
-                       next_values=b.next_values, progress=(trainer.update_idx - 1) / cfg.num_updates,
-                       group_size=cfg.seed_group_size)
-        m = self.method
-        if m.fit_first:
-            m.fit(sb)
-            shaping = m.shape(sb)
-        else:
-            shaping = m.shape(sb)
-            m.fit(sb)
-        apply_shaping(b, shaping, cfg.gamma * cfg.gae_lambda)
-        self.seconds = time.perf_counter() - t0
-
-    def metrics(self) -> dict[str, float]:
-        return {**self.method.metrics(), "time/method": self.seconds}
-
-    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        return self.method.state()
-
-    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
-        self.method.load_state(tensors, meta)
-
-
 @dataclass
 class Spaces:
     """What a method's nets need to know of the env, read from one probe env."""
@@ -181,14 +121,19 @@ def method_seed(seed: int, salt: int) -> int:
     return int(np.random.SeedSequence([seed, 7919, salt]).generate_state(1)[0])
 
 
-def _actor_hidden(trainer: PPO, b: Rollout) -> Tensor:
+def observations(trainer: Any, b: Any) -> tuple[Tensor, Tensor]:
+    """The states and features of the methods that read observations only."""
+    return b.obs, b.obs
+
+
+def _actor_hidden(trainer: Any, b: Any) -> Tensor:
     with torch.no_grad():
         flat = b.obs.reshape(-1, b.obs.shape[-1])
         h = trainer.model.net.trunk(flat)[0]
     return h.reshape(*b.obs.shape[:2], -1)
 
 
-def refgrpo_hooks(cfg: RefGRPOSeedConfig) -> list[Any]:
+def refgrpo_methods(cfg: RefGRPOSeedConfig) -> list[MethodRunner]:
     sp = probe(cfg.env_id)
     rc = cfg.resolved(sp.discrete)
     kind = rc.reflection_input
@@ -196,7 +141,7 @@ def refgrpo_hooks(cfg: RefGRPOSeedConfig) -> list[Any]:
     in_dim = {"obs_action": sp.obs_dim + sp.act_dim, "obs_action_hidden": sp.obs_dim + sp.act_dim + hidden_w,
               "trunk_head": hidden_w + sp.act_dim}[kind]
 
-    def features(trainer: PPO, b: Rollout) -> tuple[Tensor, Tensor]:
+    def features(trainer: Any, b: Any) -> tuple[Tensor, Tensor]:
         if kind == "obs_action":
             return b.obs, control_features(b.obs, b.actions, sp.num_actions)
         h = _actor_hidden(trainer, b)
@@ -204,54 +149,23 @@ def refgrpo_hooks(cfg: RefGRPOSeedConfig) -> list[Any]:
         return b.obs, control_features(base, b.actions, sp.num_actions)
 
     method = RefGRPOSeed(in_dim, rc, rc.learning_rate, method_seed(rc.seed, 1))
-    return [MethodHook(method, features)]
+    return [MethodRunner(method, features)]
 
 
-def gear_hooks(cfg: GearSeedConfig) -> list[Any]:
+def gear_methods(cfg: GearSeedConfig) -> list[MethodRunner]:
     sp = probe(cfg.env_id)
     rc = cfg.resolved(sp.discrete)
     method = GearSeed(sp.obs_dim, rc.num_envs, rc.seed_group_size, rc.gamma, rc, method_seed(rc.seed, 2))
-    return [MethodHook(method, lambda trainer, b: (b.obs, b.obs))]
+    return [MethodRunner(method, observations)]
 
 
-def exgrpo_hooks(cfg: ExGRPOSeedConfig) -> list[Any]:
+def exgrpo_methods(cfg: ExGRPOSeedConfig) -> list[MethodRunner]:
     sp = probe(cfg.env_id)
     rc = cfg.resolved(sp.discrete)
     method = ExGRPOSeed(sp.obs_dim, rc.num_envs, rc, method_seed(rc.seed, 3))
-    return [MethodHook(method, lambda trainer, b: (b.obs, b.obs))]
+    return [MethodRunner(method, observations)]
 
 
-def exgrpo_dqn_hooks(cfg: ExGRPOSeedDQNConfig) -> list[Any]:
+def exgrpo_dqn_hooks(cfg: ExGRPOSeedDQNConfig) -> list[ExGRPOSeedDQNHook]:
     sp = probe(cfg.env_id)
     return [ExGRPOSeedDQNHook(sp.obs_dim, cfg.num_envs, cfg.buffer_size, cfg, method_seed(cfg.seed, 4))]
-
-
-def _named(trainer: Any, name: str) -> Any:
-    trainer.algo_name = name
-    return trainer
-
-
-def _register_ppo_method(name: str, config_cls: type, make_hooks: Callable[[Any], list[Any]], description: str) -> None:
-    register_algo(Algo(
-        name, config_cls,
-        lambda cfg: _named(PPO(cfg, hooks=make_hooks(cfg)), name),
-        lambda run_dir, total=None, **kw: _named(PPO.resume(run_dir, total, config_cls=config_cls,
-                                                            make_hooks=make_hooks, **kw), name),
-        description))
-
-
-_register_ppo_method("refgrpo-seed", RefGRPOSeedConfig, refgrpo_hooks,
-                     "PPO + calibration bonus from a reflection predictor (seed 000)")
-_register_ppo_method("gear-seed", GearSeedConfig, gear_hooks,
-                     "PPO + advantages reweighted by a value head distilled from group winners (seed 001)")
-_register_ppo_method("exgrpo-seed", ExGRPOSeedConfig, exgrpo_hooks,
-                     "PPO + trajectory reflection term from a prioritized reflection memory (seed 003)")
-register_algo(Algo("dqn", DQNConfig, lambda cfg: DQN(cfg),
-                   lambda run_dir, total=None, **kw: DQN.resume(run_dir, total, **kw),
-                   "DQN with replay, target network and epsilon-greedy (CleanRL dqn.py defaults)"))
-register_algo(Algo(
-    "exgrpo-seed-dqn", ExGRPOSeedDQNConfig,
-    lambda cfg: _named(DQN(cfg, hooks=exgrpo_dqn_hooks(cfg)), "exgrpo-seed-dqn"),
-    lambda run_dir, total=None, **kw: _named(DQN.resume(run_dir, total, config_cls=ExGRPOSeedDQNConfig,
-                                                        make_hooks=exgrpo_dqn_hooks, **kw), "exgrpo-seed-dqn"),
-    "DQN + eta * Q_refl(s, a) in the TD target from a reflection memory (seed 003)"))

@@ -21,7 +21,14 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor
 
-from ..checkpoint import pack_optimizer, pack_state_dict, unpack_optimizer, unpack_state_dict
+from ..checkpoint import (
+    pack_optimizer,
+    pack_state_dict,
+    unpack_optimizer,
+    unpack_state_dict,
+)
+from ..control.dqn import DQNHook
+from ..core import RingBuffer
 from .base import EpisodeAssembler, Shaping, StepBatch
 from .nets import ScalarMLP, adam_for, fit_regression
 
@@ -119,30 +126,9 @@ class MLPReflector:
         self.gen.set_state(tensors["gen"])
 
 
-class TrajectoryMemory:
-    """FIFO ring of trajectories: mean-pooled states ``[cap, F]`` and returns ``[cap]``."""
-
-    def __init__(self, capacity: int, dim: int):
-        self.pooled, self.returns = torch.zeros(capacity, dim), torch.zeros(capacity)
-        self.ptr = self.size = 0
-
-    def add(self, pooled: Tensor, returns: Tensor) -> None:
-        cap = self.pooled.shape[0]
-        pooled, returns = pooled[-cap:], returns[-cap:]
-        idx = (self.ptr + torch.arange(pooled.shape[0])) % cap
-        self.pooled[idx], self.returns[idx] = pooled, returns.to(self.returns.dtype)
-        self.ptr = (self.ptr + pooled.shape[0]) % cap
-        self.size = min(cap, self.size + pooled.shape[0])
-
-    def view(self) -> tuple[Tensor, Tensor]:
-        return self.pooled[:self.size], self.returns[:self.size]
-
-    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        return {"pooled": self.pooled, "returns": self.returns}, {"ptr": self.ptr, "size": self.size}
-
-    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
-        self.pooled, self.returns = tensors["pooled"].clone(), tensors["returns"].clone()
-        self.ptr, self.size = int(meta["ptr"]), int(meta["size"])
+def trajectory_memory(capacity: int, dim: int) -> RingBuffer:
+    """A FIFO ring of trajectories: mean-pooled states ``pooled [cap, F]`` and ``returns [cap]``."""
+    return RingBuffer(capacity, {"pooled": ((dim,), torch.float32), "returns": ((), torch.float32)})
 
 
 # ----------------------------------------------------------------------------- options
@@ -217,7 +203,7 @@ class ReflectionMemory:
 
     def __init__(self, dim: int, opts: ExGRPOSeedOptions, seed: int, reflector: Reflector | None = None):
         self.o = opts
-        self.memory = TrajectoryMemory(opts.refl_memory, dim)
+        self.memory = trajectory_memory(opts.refl_memory, dim)
         self.reflector = reflector or MLPReflector(dim, opts.refl_hidden, opts.refl_ensemble, opts.refl_lr,
                                                    opts.refl_epochs, seed)
         self.sample_gen = torch.Generator().manual_seed(seed + 1)
@@ -236,7 +222,7 @@ class ReflectionMemory:
     def scale(self) -> float:
         if self.o.refl_scale == "none" or self.memory.size < 2:
             return 1.0
-        std = float(self.memory.view()[1].std())
+        std = float(self.memory.view("returns").std())
         return std if std > 1e-8 else 1.0
 
     def signal(self, pooled: Tensor, progress: float) -> tuple[Tensor, dict[str, float]]:
@@ -253,11 +239,11 @@ class ReflectionMemory:
         background mode: make the last background fit live (its metrics are returned) and start the
         next one on a copy of the reflector and a snapshot of the memory."""
         if not self.o.refl_background:
-            metrics = self._fit(self.reflector, *self.memory.view())
+            metrics = self._fit(self.reflector, self.memory.view("pooled"), self.memory.view("returns"))
             self.fits += 1
             return metrics
         metrics = self._swap()
-        pooled, returns = (t.clone() for t in self.memory.view())
+        pooled, returns = (self.memory.view(n).clone() for n in ("pooled", "returns"))
         worker = copy.deepcopy(self.reflector)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="reflectrl-reflector")
@@ -355,7 +341,7 @@ class ExGRPOSeed:
 
     def fit(self, batch: StepBatch) -> None:
         if self._new is not None:
-            self.rm.memory.add(*self._new)
+            self.rm.memory.add(pooled=self._new[0], returns=self._new[1])
         self.updates += 1
         if self.rm.memory.size >= self.o.refl_min_memory and self.updates % self.o.refl_every == 0:
             self._metrics.update(self.rm.train())
@@ -376,7 +362,7 @@ class ExGRPOSeed:
 
 
 # ----------------------------------------------------------------------------- DQN form
-class ExGRPOSeedDQNHook:
+class ExGRPOSeedDQNHook(DQNHook):
     """exgrpo-seed-dqn: adds ``eta * Q_refl(s, a)`` to the TD target, Q_refl(s, a) being the
     reflection of the finished trajectory the transition belongs to (0 while it is unfinished).
 
@@ -409,7 +395,7 @@ class ExGRPOSeedDQNHook:
             self.slots[i].append((s, st))
         for i in torch.nonzero(done).flatten().tolist():
             pooled = self.sums[i] / self.lengths[i]
-            self.rm.memory.add(pooled[None], torch.tensor([self.returns[i]]))
+            self.rm.memory.add(pooled=pooled[None], returns=torch.tensor([self.returns[i]]))
             s, st = (torch.tensor(v) for v in zip(*self.slots[i]))
             live = s[self.slot_stamp[s] == st]
             self.slot_feat[live], self.slot_has[live] = pooled, True

@@ -21,8 +21,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..checkpoint import pack_optimizer, pack_state_dict, unpack_optimizer, unpack_state_dict
-from .base import Episode, EpisodeAssembler, Shaping, StepBatch, returns_to_go
+from ..checkpoint import (
+    pack_optimizer,
+    pack_state_dict,
+    unpack_optimizer,
+    unpack_state_dict,
+)
+from ..core import RingBuffer, returns_to_go
+from .base import AuxInputs, Episode, EpisodeAssembler, Shaping, StepBatch
 from .nets import ScalarMLP, adam_for, fit_regression
 
 
@@ -138,22 +144,6 @@ class GearSeedOptions:
         ]
 
 
-class WinnerStore:
-    """A FIFO ring of winner steps: states ``[cap, F]`` and their value targets ``[cap]``."""
-
-    def __init__(self, capacity: int, dim: int):
-        self.x, self.y = torch.zeros(capacity, dim), torch.zeros(capacity)
-        self.ptr = self.size = 0
-
-    def add(self, x: Tensor, y: Tensor) -> None:
-        cap = self.x.shape[0]
-        x, y = x[-cap:], y[-cap:]
-        idx = (self.ptr + torch.arange(x.shape[0])) % cap
-        self.x[idx], self.y[idx] = x, y
-        self.ptr = (self.ptr + x.shape[0]) % cap
-        self.size = min(cap, self.size + x.shape[0])
-
-
 class GearSeed:
     """Winners, the distilled value head and omega on generic state features."""
 
@@ -169,13 +159,13 @@ class GearSeed:
         self.opt = adam_for(self.vd, opts.gear_distill_lr)
         self.assembler = EpisodeAssembler(rows, ("states", "rewards", "boot"))
         self.pending: dict[tuple[int, int], dict[int, Episode]] = {}
-        self.store = WinnerStore(opts.gear_winner_buffer, state_dim)
+        self.store = RingBuffer(opts.gear_winner_buffer, {"x": ((state_dim,), torch.float32), "y": ((), torch.float32)})
         self.target_ready, self.fits = False, 0
         self._metrics: dict[str, float] = {}
-        self._rank: tuple[Tensor, Tensor] | None = None  # (segment id per flattened step, pairs) of this batch
+        self._rank: tuple[Tensor, Tensor] | None = None  # (segment id per step [R, T], pairs) of this batch
         self._rank_acc: list[float] = []
-        if opts.gear_rank_coef > 0:
-            self.minibatch_loss = self._minibatch_loss
+        if opts.gear_rank_coef > 0:  # the optional ranking loss (seed section 4.2, step four)
+            self.aux_loss = self._ranking_loss
 
     def shape(self, batch: StepBatch) -> Shaping:
         """omega from the target copy of V_d (none until V_d has been fitted once)."""
@@ -195,14 +185,15 @@ class GearSeed:
         score = (torch.zeros(S, dtype=a_rew.dtype).index_add(0, seg.reshape(-1), (a_rew * m).reshape(-1))
                  / torch.zeros(S, dtype=a_rew.dtype).index_add(0, seg.reshape(-1), m.reshape(-1)).clamp_min(1.0))
         pairs = ranking_pairs(group, score)
-        self._rank = (seg.reshape(-1), pairs)
+        self._rank = (seg, pairs)
         self._rank_acc = []
         self._metrics["gear/rank_pairs"] = float(pairs.sum())
 
-    def _minibatch_loss(self, idx: Tensor, logp: Tensor, old_logp: Tensor) -> Tensor:
-        """``gear_rank_coef`` x the ranking loss on one PPO minibatch (flattened step indices ``idx``)."""
+    def _ranking_loss(self, inputs: AuxInputs) -> Tensor:
+        """``gear_rank_coef`` x the ranking loss on the steps of one minibatch of the policy update."""
         seg, pairs = self._rank
-        loss, n = pairwise_ranking_loss(logp - old_logp, seg[idx], pairs, self.o.gear_rank_scale)
+        loss, n = pairwise_ranking_loss(inputs.logp - inputs.old_logp, seg[inputs.rows, inputs.steps], pairs,
+                                        self.o.gear_rank_scale)
         if n:
             self._rank_acc.append(float(loss.detach()))
             self._metrics["gear/rank_loss"] = sum(self._rank_acc) / len(self._rank_acc)
@@ -257,7 +248,7 @@ class GearSeed:
                 members = [m for _, m in sorted(self.pending.pop(key).items())]
                 scores = torch.stack([m.data["rewards"].sum() for m in members])
                 for i in select_winners(scores, self.k).tolist():
-                    self.store.add(members[i].data["states"], self.value_targets(members[i]))
+                    self.store.add(x=members[i].data["states"], y=self.value_targets(members[i]))
                     winners += 1
                 completed += 1
         while len(self.pending) > self.o.gear_max_pending_groups:
@@ -296,8 +287,7 @@ class GearSeed:
         self.target.load_state_dict(unpack_state_dict("target", tensors))
         self.opt.load_state_dict(unpack_optimizer("opt", tensors, meta["opt"]))
         self.gen.set_state(tensors["gen"])
-        self.store.x, self.store.y = tensors["store/x"].clone(), tensors["store/y"].clone()
-        self.store.ptr, self.store.size = int(meta["ptr"]), int(meta["size"])
+        self.store.load_state({"x": tensors["store/x"], "y": tensors["store/y"]}, meta)
         self.target_ready, self.fits = bool(meta["target_ready"]), int(meta["fits"])
         self.assembler.load_state("partial", tensors, meta["assembler"])
         self.pending, start = {}, 0

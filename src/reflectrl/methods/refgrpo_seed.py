@@ -14,7 +14,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..checkpoint import pack_optimizer, pack_state_dict, unpack_optimizer, unpack_state_dict
+from ..checkpoint import (
+    pack_optimizer,
+    pack_state_dict,
+    unpack_optimizer,
+    unpack_state_dict,
+)
 from ..core import masked_mean, masked_whiten
 from .base import Shaping, StepBatch
 from .nets import ScalarMLP, adam_for, fit_regression

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import ConfigError
 
@@ -163,22 +163,64 @@ def register_task(name: str):
     return deco
 
 
+BUILTIN_TASKS = ("arith", "codegen", "humaneval", "text2sql", "rag")
+_UNAVAILABLE: dict[str, str] = {}  # built-in task -> why its module could not be imported
+
+
 def load_tasks() -> dict[str, Callable[..., Task]]:
-    """Import the built-in task modules (each registers itself) and return the registry."""
+    """Import the built-in task modules (each registers itself) and return the registry. A module that
+    fails to import (a missing optional dependency) is remembered with its error, which
+    :func:`get_task` reports when that task is asked for."""
     import importlib
 
-    for mod in ("arith", "codegen", "humaneval", "text2sql", "rag"):
+    for mod in BUILTIN_TASKS:
+        if mod in TASKS or mod in _UNAVAILABLE:
+            continue
         try:
             importlib.import_module(f"reflectrl.tasks.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"reflectrl.tasks.{mod}":
-                raise
+        except ImportError as exc:
+            _UNAVAILABLE[mod] = f"{type(exc).__name__}: {exc}"
     return TASKS
 
 
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as task keyword arguments; VALUE is read as JSON when it parses, else as text."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
 def get_task(name: str, **kwargs: Any) -> Task:
-    """Instantiate a registered task, or raise ConfigError listing the registered ones."""
+    """Instantiate a registered task with options ``kwargs``, or raise ConfigError: an unknown task
+    (listing the registered ones), one whose module failed to import (saying why), or an option the
+    task does not have (naming the ones it has)."""
+    import inspect
+
     load_tasks()
     if name not in TASKS:
+        if name in _UNAVAILABLE:
+            raise ConfigError(f"task {name!r} is unavailable: {_UNAVAILABLE[name]} "
+                              "(install the extra it needs: pip install 'reflectrl[llm]')")
         raise ConfigError(f"unknown task {name!r}; available: {', '.join(sorted(TASKS)) or 'none'}")
-    return TASKS[name](**kwargs)
+    factory = TASKS[name]
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(kwargs) - set(params))
+        if unknown:
+            raise ConfigError(f"task {name!r} has no option {', '.join(unknown)}; options: {', '.join(params)}")
+    try:
+        return factory(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"bad options for task {name!r}: {exc}") from None

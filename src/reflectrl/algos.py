@@ -1,0 +1,107 @@
+"""The composition root: every built-in algorithm of both front ends, registered in one place, and
+the lookups and resume that the CLI, ``compare`` and library users call.
+
+An entry is one :class:`~reflectrl.registry.Algo`: its config dataclass, the defaults it applies and
+how to build its trainer. A method of a user's own is one file plus one
+:func:`~reflectrl.registry.register_algo` call (docs/architecture.md shows one); it then trains,
+appears in ``--algo``'s choices and resumes as itself, like these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import load_checkpoint
+from .control.config import PPOConfig
+from .control.dqn import DQN, DQNConfig
+from .control.ppo import PPO
+from .errors import CheckpointError
+from .llm.config import GRPOConfig
+from .llm.grpo import GRPO
+from .methods.control_algos import (
+    ExGRPOSeedConfig,
+    ExGRPOSeedDQNConfig,
+    GearSeedConfig,
+    RefGRPOSeedConfig,
+    exgrpo_dqn_hooks,
+    exgrpo_methods,
+    gear_methods,
+    refgrpo_methods,
+)
+from .registry import ALGOS, Algo, lookup, register_algo
+from .trainer import CHECKPOINT, Trainer, extend_budget, load_config, read_config_json, run_kind
+
+# ----------------------------------------------------------------------------- control front end
+register_algo(Algo("ppo", "control", PPOConfig, lambda cfg: PPO(cfg),
+                   "PPO with GAE (truncation bootstrap) and the clipped objective"))
+register_algo(Algo("dqn", "control", DQNConfig, lambda cfg: DQN(cfg),
+                   "DQN with replay, target network and epsilon-greedy (CleanRL dqn.py defaults)"))
+register_algo(Algo("refgrpo-seed", "control", RefGRPOSeedConfig, lambda cfg: PPO(cfg, refgrpo_methods(cfg)),
+                   "PPO + calibration bonus from a reflection predictor (seed 000)"))
+register_algo(Algo("gear-seed", "control", GearSeedConfig, lambda cfg: PPO(cfg, gear_methods(cfg)),
+                   "PPO + advantages reweighted by a value head distilled from group winners (seed 001)"))
+register_algo(Algo("exgrpo-seed", "control", ExGRPOSeedConfig, lambda cfg: PPO(cfg, exgrpo_methods(cfg)),
+                   "PPO + trajectory reflection term from a prioritized reflection memory (seed 003)"))
+register_algo(Algo("exgrpo-seed-dqn", "control", ExGRPOSeedDQNConfig,
+                   lambda cfg: DQN(cfg, hooks=exgrpo_dqn_hooks(cfg)),
+                   "DQN + eta * Q_refl(s, a) in the TD target from a reflection memory (seed 003)"))
+
+# ----------------------------------------------------------------------------- LLM front end
+register_algo(Algo("grpo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
+                   "GRPO: group mean/std advantages, seq-mean-token-mean loss"))
+register_algo(Algo("drgrpo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
+                   "Dr.GRPO: mean-centred advantages, no length normalization (seq-mean-token-sum-norm)",
+                   {"adv_estimator": "drgrpo", "loss_agg_mode": "seq-mean-token-sum-norm"}))
+register_algo(Algo("dapo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
+                   "DAPO-style: clip-higher 0.28, token-mean loss, zero-variance groups filtered",
+                   {"clip_high": 0.28, "loss_agg_mode": "token-mean", "filter_zero_std": True}))
+
+
+# ----------------------------------------------------------------------------- lookups
+def get_algo(kind: str, name: str) -> Algo:
+    """The ``--algo NAME`` entry of a front end (``control`` or ``llm``), or ConfigError listing the choices."""
+    return lookup(kind, name)
+
+
+def algo_names(kind: str) -> list[str]:
+    return sorted(ALGOS[kind])
+
+
+def config_for_algo(algo: str, **overrides: Any) -> GRPOConfig:
+    """An LLM algo's config: GRPOConfig with the defaults of ``algo``, then ``overrides``."""
+    return get_algo("llm", algo).config(**overrides)
+
+
+def build(kind: str, name: str, cfg: Any) -> Trainer:
+    """The trainer of algo ``name`` for ``cfg``."""
+    return get_algo(kind, name).make(cfg)
+
+
+def run_algo(run_dir: str | Path) -> Algo:
+    """The algo a run directory was trained with (``ppo`` / ``grpo`` for runs that predate the field)."""
+    raw = read_config_json(run_dir)
+    kind = run_kind(raw)
+    return get_algo(kind, str(raw.get("algo") or ("ppo" if kind == "control" else "grpo")))
+
+
+def resume(run_dir: str | Path, budget: int | None = None, **overrides: Any) -> Trainer:
+    """Rebuild a run's trainer from ``RUN_DIR/config.json`` and its latest checkpoint, as the algo it was
+    started with, optionally for a larger budget (``total_timesteps`` or ``updates``); ``overrides``
+    replace config fields that do not change what is trained (progress bar, time limits, model path)."""
+    run_dir = Path(run_dir)
+    algo = run_algo(run_dir)
+    cfg = load_config(run_dir, algo.config_cls)
+    if not (run_dir / CHECKPOINT).is_file():
+        raise CheckpointError(f"{run_dir} has no checkpoint yet (the run stopped before its first save): "
+                              "start it again instead of resuming")
+    tensors, meta = load_checkpoint(run_dir / CHECKPOINT)
+    field = cfg.budget_field
+    done = int(meta.get("global_step", 0)) if field == "total_timesteps" else int(meta.get("update", 0))
+    flag = "--" + field.replace("_", "-")
+    extend_budget(cfg, budget, done, field, flag)
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir), **overrides)
+    trainer = algo.make(cfg)
+    trainer.load_run(run_dir, (tensors, meta))
+    return trainer

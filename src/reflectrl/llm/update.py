@@ -1,0 +1,161 @@
+"""The optimization half of the GRPO trainer: minibatches, gradient accumulation, exact merging of
+identical rows, and the loss of one micro-batch (a registered policy loss, entropy, KL, the value loss
+of ``--adv-estimator gae``, and the methods' auxiliary losses)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..core import PolicyLossConfig, agg_loss, approx_kl, get_policy_loss, masked_mean, value_loss
+from ..methods.base import AuxInputs
+from .batch import TokenBatch
+
+VALUE_HEAD = "value"
+
+
+class PolicyUpdate:
+    """Mixed into :class:`~reflectrl.llm.grpo.GRPO` (uses its ``cfg``, ``policy``, ``optimizer``,
+    ``gen``, ``methods``, ``update_idx`` and ``finite``)."""
+
+    cfg: Any
+    policy: Any
+    optimizer: torch.optim.Optimizer
+    gen: torch.Generator
+    methods: list[Any]
+    needs: set[str]
+    update_idx: int
+    _dedupe: bool
+
+    def loss_config(self) -> PolicyLossConfig:
+        c = self.cfg
+        return PolicyLossConfig(clip_ratio_low=c.clip_low, clip_ratio_high=c.clip_high, clip_ratio_c=c.clip_c,
+                                log_ratio_clamp=c.log_ratio_clamp, norm_len=c.norm_len)
+
+    def _normalizer(self, b: TokenBatch) -> float:
+        """What ``agg_loss`` divides by for these rows, so micro-batch losses add up to the minibatch's."""
+        if self.cfg.loss_agg_mode == "token-mean":
+            return float(b.completion_mask.sum())
+        return float((b.completion_mask.sum(1) > 0).sum())
+
+    def distinct_rows(self, mb: TokenBatch) -> tuple[TokenBatch, torch.Tensor | None]:
+        """Rows of one group with the same tokens, masks and advantages have the same loss and gradient:
+        keep the first of each with its multiplicity (``None``: all rows are distinct)."""
+        key = torch.cat([mb.index[:, None], torch.where(mb.prompt_mask, mb.prompt_ids, -1),
+                         torch.where(mb.response_attention, mb.response_ids, -1), mb.completion_mask.long()], 1)
+        _, inv, counts = torch.unique(key, dim=0, return_inverse=True, return_counts=True)
+        if counts.numel() == mb.rows:
+            return mb, None
+        first = torch.full((counts.numel(),), mb.rows).scatter_reduce(0, inv, torch.arange(mb.rows), "amin")
+        for t in (mb.advantages, mb.weights):
+            if t is not None and not torch.equal(t, t[first][inv]):
+                return mb, None
+        order = first.argsort()
+        return mb.select(first[order]), counts[order].float()
+
+    def micro_loss(self, mb: TokenBatch, counts: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one micro-batch, aggregated as configured; row r stands for ``counts[r]`` identical
+        rows when given (:meth:`distinct_rows`)."""
+        cfg = self.cfg
+        want_hidden = "hidden_grad" in self.needs or mb.values is not None
+        out = self.policy.forward_batch(mb, with_entropy=True, with_hidden=want_hidden,
+                                        temperature=cfg.temperature, entropy_grad=cfg.entropy_coef > 0)
+        dev = out.logp.device
+        mask = mb.completion_mask.float().to(dev)
+        old = mb.old_logp.to(dev) if mb.old_logp is not None else out.logp.detach()
+        adv = (mb.advantages if mb.weights is None else mb.advantages * mb.weights).to(dev)
+        c = torch.ones(mb.rows, device=dev) if counts is None else counts.to(dev)
+        token_mean = cfg.loss_agg_mode == "token-mean"
+        # multiplicities: token-mean weighs the mask; the per-row modes weigh the rows' terms and rescale
+        m_loss = mask * c[:, None] if token_mean else mask
+        row_w = torch.ones_like(c[:, None]) if token_mean else c[:, None]
+        has = (mask.sum(1) > 0).float()
+        scale = 1.0 if token_mean or counts is None else float(has.sum() / (has * c).sum())
+        m_stat = mask * c[:, None]
+
+        def agg(x: torch.Tensor) -> torch.Tensor:
+            return agg_loss(x * row_w, m_loss, cfg.loss_agg_mode, cfg.norm_len) * scale
+
+        loss_fn, lc = get_policy_loss(cfg.policy_loss), self.loss_config()
+        kw = {k: v[:, :mb.steps].to(dev) for k, v in mb.extras.items() if k.startswith("loss/")}
+        loss, st = loss_fn(old, out.logp, adv * row_w, m_loss, cfg.loss_agg_mode, lc, **kw)
+        loss = loss * scale
+        if counts is not None and not token_mean:  # token-weighted diagnostics
+            _, st = loss_fn(old, out.logp.detach(), adv, m_stat, "token-mean", lc, **kw)
+        stats = {"losses/policy_loss": loss.detach(), "losses/entropy": masked_mean(out.entropy.detach(), m_stat),
+                 **{f"losses/{k}": v for k, v in st.items() if k != "old_approx_kl"}}
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * agg(out.entropy)
+        if mb.ref_logp is not None:
+            kl = approx_kl(out.logp, mb.ref_logp.to(dev), cfg.kl_estimator)
+            stats["losses/kl"] = masked_mean(kl.detach(), m_stat)
+            if cfg.kl_coef > 0:
+                loss = loss + cfg.kl_coef * agg(kl)
+        if mb.values is not None:  # the critic of --adv-estimator gae: a value head on the hidden states
+            v = self.policy.head(VALUE_HEAD, out.hidden).float()
+            vl = value_loss(v, mb.values.to(dev), mb.returns.to(dev), m_stat, cfg.value_clip)
+            stats["losses/value_loss"] = vl.detach()
+            loss = loss + cfg.vf_coef * vl
+        rows = mb.extras.get("row_id")
+        for runner in self.methods:
+            if runner.has_aux_loss and rows is not None:
+                r, t = mask.bool().nonzero(as_tuple=True)
+                extra = runner.aux_loss(AuxInputs(rows.to(dev)[r], t, out.logp[r, t], old[r, t], self._batch_shape))
+                if extra is not None:
+                    loss = loss + extra
+        return loss, stats
+
+    def update(self, batch: TokenBatch) -> dict[str, float]:
+        """``ppo_epochs`` passes of ``minibatches`` optimizer steps, each accumulated over ``grad_accum``
+        micro-batches whose losses are weighted to equal the loss of the whole minibatch."""
+        cfg = self.cfg
+        if cfg.lr_schedule == "linear":
+            self.optimizer.param_groups[0]["lr"] = (1.0 - (self.update_idx - 1) / cfg.updates) * cfg.learning_rate
+        params = self.policy.trainable_parameters()
+        self.policy.train()
+        totals: dict[str, float] = {}
+        steps = 0
+        usable = self.finite("the advantages", batch.advantages)
+        for _ in range(cfg.ppo_epochs if usable else 0):
+            order = torch.randperm(batch.rows, generator=self.gen) if cfg.minibatches > 1 else torch.arange(batch.rows)
+            for mb_rows in torch.tensor_split(order, cfg.minibatches):
+                mb = batch.select(mb_rows)
+                norm = self._normalizer(mb)
+                if norm == 0:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                acc: dict[str, float] = {}
+                ok = True
+                for micro_rows in torch.tensor_split(torch.arange(mb.rows), cfg.grad_accum):
+                    micro = mb.select(micro_rows)
+                    w = self._normalizer(micro) / norm
+                    if w == 0:
+                        continue
+                    rows, counts = self.distinct_rows(micro) if self._dedupe else (micro, None)
+                    loss, st = self.micro_loss(rows, counts)
+                    if not self.finite("the loss", loss.detach(), f"minibatch {steps + 1}"):
+                        ok = False
+                        break
+                    (loss * w).backward()
+                    for k, v in st.items():
+                        acc[k] = acc.get(k, 0.0) + w * float(v)
+                if not ok:
+                    continue
+                if cfg.max_grad_norm > 0:
+                    gn = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                else:
+                    gn = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+                self.optimizer.step()
+                acc["losses/grad_norm"] = float(gn)
+                for k, v in acc.items():
+                    totals[k] = totals.get(k, 0.0) + v
+                steps += 1
+        self.policy.eval()
+        out = {k: v / max(steps, 1) for k, v in totals.items()}
+        out["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        out["losses/optimizer_steps"] = steps
+        if getattr(self, "skipped", 0):
+            out["health/skipped"] = self.skipped
+        return out

@@ -8,8 +8,9 @@ import shutil
 import pytest
 
 from reflectrl.cli import main as cli_main
-from reflectrl.eval import compare
-from reflectrl.eval.compare import RunSpec, parse_method, plan
+from reflectrl.eval import compare, runner
+from reflectrl.eval.compare import parse_method
+from reflectrl.eval.runner import RunSpec, plan
 
 from .helpers import fake_run
 
@@ -27,13 +28,13 @@ def compare_args(out, methods=("ppo",), seeds=2, backend="local"):
 def launches(monkeypatch):
     """Record every `reflectrl ...` process compare starts (still running them)."""
     seen = []
-    real = compare._run_cli
+    real = runner._run_cli
 
     def counting(args, log, capture=False):
         seen.append(args)
         return real(args, log, capture)
 
-    monkeypatch.setattr(compare, "_run_cli", counting)
+    monkeypatch.setattr(runner, "_run_cli", counting)
     return seen
 
 
@@ -115,7 +116,7 @@ def test_interrupted_comparison_resumes(finished, tmp_path, launches):
     info = json.loads((s1 / "run.json").read_text())
     shutil.rmtree(s1)
     s1.mkdir()
-    rc, _, _ = compare._run_cli(["train", "--env-id", "CartPole-v1", "--seed", "1", "--total-timesteps", "128",
+    rc, _, _ = runner._run_cli(["train", "--env-id", "CartPole-v1", "--seed", "1", "--total-timesteps", "128",
                                  "--run-dir", str(s1), "--no-progress", *TRAIN], s1 / "train.log")
     assert rc == 0
     killed = {"kind": "train", "status": None, "at": "2026-01-01T00:00:00"}  # recorded at start, never ended
@@ -183,9 +184,9 @@ def test_an_attempt_is_recorded_before_it_starts(tmp_path, monkeypatch):
         seen.append(json.loads((d / "run.json").read_text())["attempts"])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(compare, "_run_cli", killed)
+    monkeypatch.setattr(runner, "_run_cli", killed)
     with pytest.raises(KeyboardInterrupt):
-        compare._attempt(RunSpec("E-v0", "ppo", "ppo", 1, 1000, str(d)), "train", d / "train.log")
+        runner._attempt(RunSpec("E-v0", "ppo", "ppo", 1, 1000, str(d)), "train", d / "train.log")
     assert [(a["kind"], a["status"]) for a in seen[0]] == [("train", None)]
     assert json.loads((d / "run.json").read_text())["attempts"] == seen[0]
 
@@ -198,7 +199,7 @@ def test_plan_reads_the_run_directory(tmp_path):
     assert plan(spec)[0] == "skip"
     (d / "eval.json").unlink()
     assert plan(spec)[0] == "train"  # no checkpoint: the attempt died before its first one
-    (d / compare.CHECKPOINT).write_bytes(b"")
+    (d / runner.CHECKPOINT).write_bytes(b"")
     assert plan(spec) == ("resume", "checkpoint without evaluation")
     assert plan(RunSpec("E-v0", "ppo", "ppo", 1, 2000, str(d))) == ("resume", "extend to 2000 steps")
     assert plan(RunSpec("E-v0", "ppo", "ppo", 1, 500, str(d)))[0] == "conflict"
@@ -206,16 +207,16 @@ def test_plan_reads_the_run_directory(tmp_path):
 
 
 def test_checkpoint_name_matches_the_trainer():
-    from reflectrl.control.ppo import CHECKPOINT
+    from reflectrl.trainer import CHECKPOINT
 
-    assert compare.CHECKPOINT == CHECKPOINT
+    assert runner.CHECKPOINT == CHECKPOINT
 
 
 def test_files_shipped_by_a_remote_worker_are_written_once(tmp_path):
     d = tmp_path / "r"
     files = {"run.json": '{"method": "ppo"}', "eval.json": '{"mean": 1.0}', "metrics.jsonl": ""}
-    compare.materialize({"run_dir": str(d), "files": dict(files)})
+    runner.materialize({"run_dir": str(d), "files": dict(files)})
     assert (d / "eval.json").read_text() == files["eval.json"]
     (d / "metrics.jsonl").write_text("local")
-    compare.materialize({"run_dir": str(d), "files": dict(files)})  # same run.json: a shared disk, nothing written
+    runner.materialize({"run_dir": str(d), "files": dict(files)})  # same run.json: a shared disk, nothing written
     assert (d / "metrics.jsonl").read_text() == "local"

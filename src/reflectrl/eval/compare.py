@@ -13,25 +13,16 @@ so an interrupted comparison continues where it stopped.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from ..errors import ConfigError, ReflectRLError
-from .rundata import EPISODIC_RETURN, load_run, read_json
-
-CHECKPOINT = "checkpoint.safetensors"  # reflectrl.control.ppo.CHECKPOINT (not imported: keeps this module light)
-EVAL_FILE, RUN_FILE, LOG_FILE = "eval.json", "run.json", "train.log"
+from .rundata import EPISODIC_RETURN, load_run
+from .runner import RunSpec, make_result, materialize, plan, run_local
 # Flags compare sets itself for every run; a method's or --extra's arguments may not repeat them.
 RESERVED = ("--algo", "--env-id", "--seed", "--total-timesteps", "--run-dir", "--resume", "--progress",
             "--no-progress")
@@ -70,266 +61,17 @@ def check_train_args(args: Sequence[str], where: str) -> None:
                               "(use --env-ids, --seeds, --total-timesteps, --out)")
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    """One cell of the grid: everything ``run_one`` needs, picklable (it travels to Ray workers)."""
-
-    env_id: str
-    method: str
-    algo: str
-    seed: int
-    total_timesteps: int
-    run_dir: str
-    train_args: tuple[str, ...] = ()
-    eval_episodes: int = 20
-    ship_files: bool = False  # return the run's small files in the result (Ray workers without a shared disk)
-
-    @property
-    def name(self) -> str:
-        return f"{self.env_id}/{self.method}/seed_{self.seed}"
-
-
 def run_dir_for(out: Path, env_id: str, method: str, seed: int) -> Path:
     """``OUT/runs/{env}/{method}/seed_{s}`` (a ``/`` in an env id, as in ``ALE/Pong-v5``, becomes ``__``)."""
     return Path(out) / "runs" / env_id.replace("/", "__") / method / f"seed_{seed}"
 
 
 def build_grid(methods: Sequence[MethodSpec], env_ids: Sequence[str], seeds: Sequence[int], total_timesteps: int,
-               out: Path, extra: Sequence[str] = (), eval_episodes: int = 20) -> list[RunSpec]:
+               out: Path, extra: Sequence[str] = (), eval_episodes: int = 20, retries: int = 0) -> list[RunSpec]:
     """Every (env, method, seed), envs outermost."""
     return [RunSpec(env, m.label, m.algo, s, total_timesteps, str(run_dir_for(out, env, m.label, s)),
-                    (*m.args, *extra), eval_episodes)
+                    (*m.args, *extra), eval_episodes, retries=retries)
             for env in env_ids for m in methods for s in seeds]
-
-
-# ------------------------------------------------------------------------------------------------ one run
-def plan(spec: RunSpec) -> tuple[str, str]:
-    """``("skip" | "resume" | "train" | "conflict", why)`` from what the run directory holds."""
-    d = Path(spec.run_dir)
-    info, cfg = read_json(d / RUN_FILE), read_json(d / "config.json")
-    if info is not None and (info.get("algo"), list(info.get("train_args", []))) != (spec.algo, list(spec.train_args)):
-        return "conflict", (f"{d} holds a run of {info.get('algo')} with arguments "
-                            f"{shlex.join(info.get('train_args', [])) or '(none)'}, not "
-                            f"{spec.algo} {shlex.join(spec.train_args) or '(none)'}; use another --out or the same "
-                            "arguments")
-    if info is None and cfg is not None and cfg.get("algo", "ppo") != spec.algo:
-        return "conflict", f"{d} holds a run of {cfg.get('algo', 'ppo')}, not {spec.algo}; use another --out"
-    done = (info or {}).get("total_timesteps", (cfg or {}).get("total_timesteps"))
-    has_ckpt = (d / CHECKPOINT).is_file()
-    if has_ckpt and done is not None and done > spec.total_timesteps:
-        return "conflict", (f"{d} holds a run of {done} steps, more than --total-timesteps {spec.total_timesteps}; "
-                            "use another --out or that budget")
-    if (d / EVAL_FILE).is_file() and done == spec.total_timesteps:
-        return "skip", "finished"
-    if has_ckpt:
-        same = done == spec.total_timesteps
-        return "resume", "checkpoint without evaluation" if same else f"extend to {spec.total_timesteps} steps"
-    return "train", "new"
-
-
-_LIVE: set[subprocess.Popen] = set()
-_LIVE_LOCK = threading.Lock()
-
-
-def _load_prctl():
-    """libc's ``prctl`` on Linux (loaded here, once: the child after fork must not load libraries)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """The child gets SIGTERM when the process that started it dies: no orphan keeps writing a run."""
-    _PRCTL(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-
-
-def _run_cli(args: list[str], log: Path, capture: bool = False) -> tuple[int, str, float]:
-    """Run ``python -m reflectrl.cli ARGS`` with stdout (unless captured) and stderr appended to ``log``;
-    returns ``(status, captured stdout, wall seconds)``."""
-    cmd = [sys.executable, "-m", "reflectrl.cli", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    with open(log, "a") as fh:
-        fh.write(f"\n$ reflectrl {shlex.join(args)}\n")
-        fh.flush()
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture else fh, stderr=fh, text=True, env=env,
-                             preexec_fn=_die_with_parent if _PRCTL is not None else None)
-        with _LIVE_LOCK:
-            _LIVE.add(p)
-        try:
-            out, _ = p.communicate()
-        except BaseException:  # interrupted while waiting (Ray cancel, Ctrl-C): stop the child, keep its checkpoint
-            p.send_signal(signal.SIGINT)
-            p.wait()
-            raise
-        finally:
-            with _LIVE_LOCK:
-                _LIVE.discard(p)
-        if capture and out:
-            fh.write(out)
-    return p.returncode, out or "", time.perf_counter() - t0
-
-
-def stop_children() -> None:
-    """Interrupt every run process this process started (they exit keeping their last checkpoint)."""
-    with _LIVE_LOCK:
-        for p in list(_LIVE):
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-
-
-def _last_error(log: Path, offset: int) -> str:
-    """The ``error: ...`` line (else the last line) a failed process wrote to ``log`` after ``offset``."""
-    try:
-        with open(log, errors="replace") as fh:
-            fh.seek(offset)
-            lines = [l.strip() for l in fh.read().splitlines() if l.strip() and not l.startswith("$ reflectrl")]
-    except OSError:
-        return "no output"
-    errors = [l for l in lines if l.startswith("error:")]
-    msg = (errors or lines or ["no output"])[-1]
-    return msg[:300]
-
-
-def _last_json(text: str) -> dict[str, Any] | None:
-    """The JSON object on the last line of a command's stdout."""
-    try:
-        obj = json.loads(text.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
-
-
-def _clear(d: Path) -> None:
-    """Remove what an attempt that never reached a checkpoint left (train.log is kept, appended to)."""
-    import shutil
-
-    for name in ("config.json", "metrics.jsonl", "metrics.tmp", EVAL_FILE, RUN_FILE):
-        (d / name).unlink(missing_ok=True)
-    shutil.rmtree(d / "tb", ignore_errors=True)
-
-
-def make_result(spec: RunSpec, action: str, **extra: Any) -> dict[str, Any]:
-    """What ``run_one`` returns for a run that finished: ``action`` is trained, resumed or skipped."""
-    return {"name": spec.name, "run_dir": spec.run_dir, "log": str(Path(spec.run_dir) / LOG_FILE), "status": "ok",
-            "action": action, "error": None, **extra}
-
-
-def failed_result(spec: RunSpec, error: str) -> dict[str, Any]:
-    """The result of a run that did not finish, with a one-line ``error``."""
-    return {**make_result(spec, None), "status": "failed", "error": error}
-
-
-def _attempt(spec: RunSpec, action: str, log: Path) -> dict[str, Any]:
-    """Train or resume, then evaluate; records every process in ``run.json``. Returns the result."""
-    d = Path(spec.run_dir)
-    info = read_json(d / RUN_FILE) or {"attempts": []}
-    info.update(method=spec.method, algo=spec.algo, env_id=spec.env_id, seed=spec.seed,
-                total_timesteps=spec.total_timesteps, train_args=list(spec.train_args))
-    _write_json(d / RUN_FILE, info)
-    if action == "resume":
-        args = ["train", "--resume", str(d), "--total-timesteps", str(spec.total_timesteps), "--no-progress"]
-    else:
-        args = ["train", "--algo", spec.algo, "--env-id", spec.env_id, "--seed", str(spec.seed), "--total-timesteps",
-                str(spec.total_timesteps), "--run-dir", str(d), "--no-progress", *spec.train_args]
-    offset = log.stat().st_size if log.exists() else 0
-    started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    # recorded before it starts: if this process is killed, the entry stays with status null, so a
-    # report knows the run's recorded time leaves an attempt out
-    info["attempts"].append({"kind": action, "status": None, "at": started})
-    _write_json(d / RUN_FILE, info)
-    rc, out, wall = _run_cli(args, log, capture=True)
-    attempt = {"kind": action, "wall_s": wall, "status": rc, "at": started}
-    summary = _last_json(out)
-    if summary and isinstance(summary.get("wall_s"), (int, float)):
-        attempt["learn_s"] = summary["wall_s"]  # the training loop alone (no start-up, env creation, imports)
-    info["attempts"][-1] = attempt
-    _write_json(d / RUN_FILE, info)
-    if rc != 0:
-        return failed_result(spec, f"{'resume' if action == 'resume' else 'train'} exited with status {rc}: "
-                                   f"{_last_error(log, offset)}")
-    offset = log.stat().st_size
-    rc, out, eval_wall = _run_cli(["eval", str(d), "--episodes", str(spec.eval_episodes), "--json"], log, capture=True)
-    info["attempts"].append({"kind": "eval", "wall_s": eval_wall, "status": rc})
-    _write_json(d / RUN_FILE, info)
-    result = _last_json(out) if rc == 0 else None
-    if result is None or "mean" not in result:
-        return failed_result(spec, f"eval exited with status {rc}: {_last_error(log, offset)}")
-    _write_json(d / EVAL_FILE, result)
-    return make_result(spec, "resumed" if action == "resume" else "trained", wall_s=wall, eval_mean=result["mean"])
-
-
-def run_one(spec: RunSpec) -> dict[str, Any]:
-    """Bring one run to evaluated: skip it when finished, resume it from its checkpoint, or train it.
-
-    Never raises: a failure comes back as ``status="failed"`` with a one-line ``error`` and the ``log`` path."""
-    d = Path(spec.run_dir)
-    try:
-        action, why = plan(spec)
-        if action == "conflict":
-            return failed_result(spec, why)
-        if action == "skip":
-            res = make_result(spec, "skipped", eval_mean=(read_json(d / EVAL_FILE) or {}).get("mean"))
-        else:
-            d.mkdir(parents=True, exist_ok=True)
-            if action == "train":
-                _clear(d)
-            (d / EVAL_FILE).unlink(missing_ok=True)
-            res = _attempt(spec, action, d / LOG_FILE)
-    except Exception as exc:  # noqa: BLE001  (disk full, permission denied, ...: report it, let the grid go on)
-        return failed_result(spec, f"{type(exc).__name__}: {exc}")
-    if spec.ship_files:
-        res["files"] = {n: (d / n).read_text(errors="replace") for n in ("config.json", "metrics.jsonl", RUN_FILE,
-                                                                          EVAL_FILE, LOG_FILE) if (d / n).is_file()}
-    return res
-
-
-def materialize(result: dict[str, Any]) -> None:
-    """Write the files a remote worker shipped back when this machine's run directory lacks them (no shared
-    disk). With a shared disk the files are already the same and nothing is written."""
-    files = result.pop("files", None)
-    if not files:
-        return
-    d = Path(result["run_dir"])
-    if (d / RUN_FILE).is_file() and (d / RUN_FILE).read_text(errors="replace") == files.get(RUN_FILE):
-        return
-    d.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        if name != EVAL_FILE:
-            (d / name).write_text(text)
-    if EVAL_FILE in files:  # last: its presence means "finished"
-        (d / EVAL_FILE).write_text(files[EVAL_FILE])
-
-
-# ------------------------------------------------------------------------------------------------ backends
-def run_local(specs: Sequence[RunSpec], workers: int, on_result: Callable[[dict], None]) -> None:
-    """Up to ``workers`` runs at a time on this machine, each in its own processes."""
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reflectrl-run")
-    futures = [pool.submit(run_one, s) for s in specs]
-    try:
-        for f in as_completed(futures):
-            on_result(f.result())
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        stop_children()
-        raise
-    finally:
-        pool.shutdown(wait=True)
 
 
 def _backend(name: str) -> Callable[[Sequence[RunSpec], int, Callable[[dict], None]], None]:
@@ -359,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
                          "cluster from `ray start`, else a local Ray instance)")
     ap.add_argument("--workers", type=int, default=2, metavar="K",
                     help="runs at a time (local pool; CPUs of a local Ray instance)")
+    ap.add_argument("--retries", type=int, default=0, metavar="N",
+                    help="attempts after a failed one (it resumes from its last checkpoint) before a run is reported "
+                         "failed; on the Ray backend a lost worker is retried as often (default 0)")
     ap.add_argument("--eval-episodes", type=int, default=20, metavar="N",
                     help="evaluation episodes per run (default 20)")
     ap.add_argument("--baseline", default="ppo", metavar="METHOD",
@@ -382,6 +127,7 @@ def _validate(args: argparse.Namespace) -> list[MethodSpec]:
     checks = [(args.seeds >= 1, "--seeds must be at least 1"),
               (args.total_timesteps > 0, "--total-timesteps must be positive"),
               (args.workers >= 1, "--workers must be at least 1"),
+              (args.retries >= 0, "--retries must be non-negative"),
               (args.eval_episodes >= 1, "--eval-episodes must be at least 1"),
               (0 < args.early_fraction <= 1, "--early-fraction must be in (0, 1]"),
               (args.bootstrap_reps >= 100, "--bootstrap-reps must be at least 100")]
@@ -451,7 +197,7 @@ def main(argv: list[str]) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     specs = build_grid(methods, args.env_ids, range(1, args.seeds + 1), args.total_timesteps, out, extra,
-                       args.eval_episodes)
+                       args.eval_episodes, args.retries)
     planned = [plan(s) for s in specs]  # (action, why) per run
     plans = [p for p, _ in planned]
     todo = [s for s, p in zip(specs, plans) if p != "skip"]

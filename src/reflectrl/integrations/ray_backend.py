@@ -13,7 +13,7 @@ import logging
 from typing import Callable, Sequence
 
 from ..errors import ReflectRLError
-from ..eval.compare import RunSpec, failed_result, run_one
+from ..eval.runner import RunSpec, failed_result, run_one
 
 
 def init_ray(workers: int) -> None:
@@ -41,7 +41,8 @@ def run_ray(specs: Sequence[RunSpec], workers: int, on_result: Callable[[dict], 
     import ray
 
     init_ray(workers)
-    task = ray.remote(num_cpus=1, max_retries=0)(run_one)
+    retries = max((s.retries for s in specs), default=0)
+    task = ray.remote(num_cpus=1, max_retries=retries)(run_one)
     pending = {task.remote(dataclasses.replace(s, ship_files=True)): s for s in specs}
     try:
         while pending:

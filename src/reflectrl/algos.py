@@ -30,6 +30,16 @@ from .methods.control_algos import (
     gear_methods,
     refgrpo_methods,
 )
+from .methods.llm_algos import (
+    REFGRPO_DEFAULTS,
+    RLCR_DEFAULTS,
+    RefGRPOConfig,
+    RefGRPOSeedLLMConfig,
+    RLCRConfig,
+    refgrpo_llm_methods,
+    refgrpo_seed_llm_methods,
+    rlcr_llm_methods,
+)
 from .registry import ALGOS, Algo, lookup, register_algo
 from .trainer import CHECKPOINT, Trainer, extend_budget, load_config, read_config_json, run_kind
 
@@ -57,6 +67,14 @@ register_algo(Algo("drgrpo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
 register_algo(Algo("dapo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
                    "DAPO-style: clip-higher 0.28, token-mean loss, zero-variance groups filtered",
                    {"clip_high": 0.28, "loss_agg_mode": "token-mean", "filter_zero_std": True}))
+register_algo(Algo("refgrpo", "llm", RefGRPOConfig, lambda cfg: GRPO(cfg, methods=refgrpo_llm_methods(cfg)),
+                   "GRPOplus + reflection-agreement bonus c * 1[reflection == outcome] (arXiv 2606.14211)",
+                   REFGRPO_DEFAULTS))
+register_algo(Algo("rlcr", "llm", RLCRConfig, lambda cfg: GRPO(cfg, methods=rlcr_llm_methods(cfg)),
+                   "GRPO + Brier calibration reward 1[correct] - (q - 1[correct])^2 (arXiv 2507.16806)", RLCR_DEFAULTS))
+register_algo(Algo("refgrpo-seed", "llm", RefGRPOSeedLLMConfig,
+                   lambda cfg: GRPO(cfg, methods=refgrpo_seed_llm_methods(cfg)),
+                   "GRPO + calibration bonus from a reflection predictor on hidden states (seed 000, section 6)"))
 
 
 # ----------------------------------------------------------------------------- lookups

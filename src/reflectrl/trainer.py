@@ -288,8 +288,16 @@ class Trainer:
         meta: dict[str, Any] = {"format": 1, "kind": self.kind, "algo": self.algo_name, "update": self.update_idx,
                                 "optim": opt_meta, "config": dataclasses.asdict(self.cfg)}
         self.state_extra(tensors, meta)
-        pack_hooks(self.hooks, tensors, meta)
+        pack_hooks(self.stateful(), tensors, meta)
         return tensors, meta
+
+    def stateful(self) -> list[Any]:
+        """The methods and hooks whose state goes into the checkpoint (each once)."""
+        out: list[Any] = []
+        for h in [*getattr(self, "methods", []), *self.hooks]:
+            if not any(h is o for o in out):
+                out.append(h)
+        return out
 
     def save(self, path: Path | None = None) -> None:
         """Write the checkpoint atomically, and ``config.json`` beside it (so it always describes it)."""
@@ -306,7 +314,7 @@ class Trainer:
             torch.set_rng_state(tensors["rng/torch_global"])
             self.update_idx = int(meta["update"])
             self.load_extra(tensors, meta)
-            unpack_hooks(self.hooks, tensors, meta)
+            unpack_hooks(self.stateful(), tensors, meta)
         except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as exc:
             raise CheckpointError(f"checkpoint does not match this configuration or is damaged ({exc})") from None
         self.after_load(tensors, meta)

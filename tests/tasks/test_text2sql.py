@@ -46,7 +46,7 @@ def test_prompt_format():
     short = Text2SQLTask(instructions=False, schema=False, n_train_dbs=1, n_heldout_dbs=1)
     p = short.problems("train")[0]
     assert p.prompt.startswith("question: ") and p.prompt.endswith("\n") and p.prompt.count("\n") == 1
-    full = Text2SQLTask(n_train_dbs=1, n_heldout_dbs=1).problems("train")[0].prompt
+    full = Text2SQLTask(n_train_dbs=1, n_heldout_dbs=1, reflect="inline").problems("train")[0].prompt
     assert "<sql>" in full and "<answer>" in full and "<reflect>" in full and "tables: departments(" in full
 
 

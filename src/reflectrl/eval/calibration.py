@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["auroc", "brier", "ece", "reflection_metrics", "reliability_bins", "reliability_diagram", "risk_coverage",
-           "risk_coverage_curve"]
+           "risk_coverage_curve", "self_report_metrics"]
 
 NAN = float("nan")
 
@@ -241,3 +241,23 @@ def risk_coverage_curve(confidence: Any, correct: Any, path: str | Path,
     ax.set_title(f"{title} (n={n})", fontsize=10)
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def self_report_metrics(outcome: Any, reflection: Any = None, confidence: Any = None) -> dict[str, float]:
+    """Every calibration metric of a set of rollouts at once: per-rollout ``outcome`` (0 / 1), ``reflection``
+    (1 / 0, NaN missing) and ``confidence`` (q, NaN missing); either report may be None (not asked).
+    Reflection metrics come from :func:`reflection_metrics`; confidence metrics are ``ece``, ``brier``,
+    ``auroc`` and ``confidence_missing_rate``, plus ``reflection_missing_rate`` for reflections."""
+    y = _array(outcome, "outcome")
+    out: dict[str, float] = {"accuracy": float(y.mean()) if y.size else NAN}
+    if reflection is not None:
+        r = reflection_metrics(reflection, y)
+        out.update({k: v for k, v in r.items() if k not in ("n", "missing", "missing_rate")})
+        out["reflection_missing_rate"] = r["missing_rate"]
+    if confidence is not None:
+        q = _array(confidence, "confidence")
+        ok = ~np.isnan(q)
+        out["confidence_missing_rate"] = float(1.0 - ok.mean()) if q.size else NAN
+        out.update({"ece": ece(q[ok], y[ok]), "brier": brier(q[ok], y[ok]), "auroc": auroc(q[ok], y[ok]),
+                    "mean_confidence": float(q[ok].mean()) if ok.any() else NAN})
+    return out

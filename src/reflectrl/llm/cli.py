@@ -18,7 +18,8 @@ commands:
   init-tiny  write a tiny random-init causal LM + character tokenizer (Hugging Face format)
   warmup     supervised fine-tuning on a task's demonstrations
   train      RL on a verifiable task: --algo {algos} (--resume RUN_DIR continues a run)
-  eval       held-out accuracy (Wilson interval) or pass@k of a model or run directory
+  eval       held-out accuracy (Wilson interval) or pass@k of a model or run directory; --self-report adds calibration
+  compare    methods x tasks x seeds from shared tiny models: report.md, curves.png, reliability diagrams
 """
 
 TRAIN_HEADER = """usage: reflectrl llm train [--algo {algos}] [--resume RUN_DIR] --task TASK [--set KEY=VALUE ...] --model PATH [FLAGS]
@@ -109,6 +110,11 @@ def cmd_eval(argv: list[str]) -> int:
     ap.add_argument("--confidence", type=float, default=0.95, help="confidence level of the interval")
     ap.add_argument("--seed", type=int, default=0, help="seed of the samples")
     ap.add_argument("--device", default="cpu", help="torch device")
+    ap.add_argument("--self-report", choices=("reflect", "confidence", "both"), default=None,
+                    help="after each episode ask for a reflection (solved/unsolved) and/or a confidence in [0, 1], "
+                         "and add their calibration (reflection accuracy, under/overconfidence, ECE, Brier, AUROC)")
+    ap.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                    help="task option (default: the run's options); repeatable")
     ap.add_argument("--json", action="store_true", help="print one JSON object (accuracy, n, ci, ...)")
     a = ap.parse_args(argv)
     if a.samples < 0 or not 0 < a.confidence < 1 or (a.limit is not None and a.limit < 1):
@@ -117,6 +123,7 @@ def cmd_eval(argv: list[str]) -> int:
         raise ConfigError("--samples needs --temperature > 0")
     res = evaluate(a.model_or_run_dir, a.task, a.split, a.samples, n=a.n, temperature=a.temperature, limit=a.limit,
                    max_new_tokens=a.max_new_tokens, max_turns=a.max_turns, confidence=a.confidence, seed=a.seed,
+                   self_report=a.self_report, task_options=None if a.set is None else tuple(a.set),
                    device=a.device)
     if a.json:
         print(json.dumps(res))
@@ -128,7 +135,14 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"init-tiny": cmd_init_tiny, "warmup": cmd_warmup, "train": cmd_train, "eval": cmd_eval}
+def cmd_compare(argv: list[str]) -> int:
+    from ..eval.llm_compare import main as compare_main
+
+    return compare_main(argv)
+
+
+COMMANDS = {"init-tiny": cmd_init_tiny, "warmup": cmd_warmup, "train": cmd_train, "eval": cmd_eval,
+            "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

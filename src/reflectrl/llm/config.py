@@ -30,6 +30,9 @@ class GRPOConfig(RunOptions):
     """The algo whose defaults were applied; recorded in config.json (set by --algo)."""
     task_options: tuple[str, ...] = ()
     """Task options as KEY=VALUE (what ``--set KEY=VALUE`` gives; see ``reflectrl tasks show TASK``)."""
+    self_report: Literal["off", "reflect", "confidence"] = "off"
+    """After each episode the environment asks for a reflection (solved / unsolved) or a confidence in [0, 1];
+    those tokens are trained with the episode (refgrpo sets reflect, rlcr confidence)."""
     updates: int = 100
     """Rollout + optimizer-update iterations to train for."""
     prompts_per_update: int = 16

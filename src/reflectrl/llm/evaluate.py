@@ -47,9 +47,34 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples: int = 0, n: int | None = None,
                     temperature: float = 1.0, max_new_tokens: int = 64, max_turns: int | None = None,
                     max_response_tokens: int | None = None, limit: int | None = None, gen_batch: int = 128,
-                    seed: int = 0, confidence: float = 0.95, engine: str = "torch") -> dict[str, Any]:
+                    seed: int = 0, confidence: float = 0.95, engine: str = "torch",
+                    self_report: str | None = None) -> dict[str, Any]:
     """Accuracy of ``policy`` on ``task``'s ``split``: greedy when ``samples == 0``; otherwise ``n``
-    (default ``samples``) sampled completions per problem give pass@1 (as ``accuracy``) and pass@``samples``."""
+    (default ``samples``) sampled completions per problem give pass@1 (as ``accuracy``) and pass@``samples``.
+
+    ``self_report`` (``reflect``, ``confidence`` or ``both``) asks after each episode for a reflection and / or
+    a confidence (:mod:`reflectrl.tasks.selfreport`, whatever the model was trained with) and adds their
+    calibration (:func:`reflectrl.eval.calibration.self_report_metrics`) and the per-rollout reports
+    (``reports``: correct, reflection, confidence; null where missing)."""
+    if self_report == "both":
+        out = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
+                              max_response_tokens, limit, gen_batch, seed, confidence, engine, "reflect")
+        conf = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
+                               max_response_tokens, limit, gen_batch, seed, confidence, engine, "confidence")
+        out["reports"]["confidence"] = conf["reports"]["confidence"]
+        out.update({k: v for k, v in conf.items() if k not in out})
+        out["self_report"] = "both"
+        return out
+    if self_report not in (None, "off", "reflect", "confidence"):
+        raise ConfigError(f"--self-report must be reflect, confidence or both, got {self_report!r}")
+    if self_report not in (None, "off"):
+        from ..tasks.selfreport import with_self_report
+
+        base_multi = bool(getattr(task, "multi_turn", False))
+        base_turns = max_turns or (int(getattr(task, "max_turns", 6)) if base_multi else 1)
+        task = with_self_report(task, self_report)
+        max_turns = base_turns + 1
+        max_response_tokens = None  # room for the question and the report: the multi-turn default
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if samples < 0 or (n is not None and n < max(samples, 1)):
@@ -70,6 +95,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     policy.eval()
     correct = np.zeros((len(problems), per), dtype=bool)
     scores = np.zeros((len(problems), per))
+    finals: list[dict[str, Any]] = []
     try:
         step = max(1, gen_batch // per) * 4
         for s in range(0, len(problems), step):
@@ -77,11 +103,14 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
             batch, _ = ro.run(chunk, per, gen, greedy=greedy)
             correct[s:s + len(chunk)] = batch.correct.numpy().reshape(len(chunk), per)
             scores[s:s + len(chunk)] = batch.scores.numpy().reshape(len(chunk), per)
+            finals += [(rows[-1] if rows else {}) for rows in batch.infos]
     finally:
         ro.close()
         policy.train(was_training)
     out: dict[str, Any] = {"task": getattr(task, "name", None), "split": split, "n": len(problems),
                            "confidence": confidence, "mean_score": float(scores.mean())}
+    if self_report not in (None, "off"):
+        out.update(_report_metrics(self_report, correct.reshape(-1), finals))
     if greedy:
         k = int(correct.sum())
         out.update(mode="greedy", accuracy=k / len(problems), ci=list(wilson_interval(k, len(problems), confidence)))
@@ -96,6 +125,21 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
                **{f"pass@{samples}": float(pk.mean()),
                   f"pass@{samples}_ci": list(bootstrap_ci(pk, np.mean, confidence))})
     return out
+
+
+def _report_metrics(kind: str, correct: np.ndarray, finals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The calibration of one kind of self-report, and the per-rollout reports behind it."""
+    from ..eval.calibration import self_report_metrics
+
+    key = "reflection" if kind == "reflect" else "confidence"
+    values = [f.get(key) for f in finals]
+    arr = np.array([np.nan if v is None else float(v) for v in values])
+    m = self_report_metrics(correct.astype(float), arr if kind == "reflect" else None,
+                            arr if kind == "confidence" else None)
+    m.pop("accuracy", None)
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
+    return {**clean, "self_report": kind,
+            "reports": {"correct": correct.astype(int).tolist(), key: [None if v is None else float(v) for v in values]}}
 
 
 def load_for_eval(path: str | Path, device: str = "cpu") -> tuple[Policy, dict[str, Any]]:
@@ -130,14 +174,26 @@ def load_for_eval(path: str | Path, device: str = "cpu") -> tuple[Policy, dict[s
 
 
 def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "heldout", samples: int = 0,
-             **kwargs: Any) -> dict[str, Any]:
-    """Load and evaluate; the task and token limits default to the run's when given a run directory."""
+             task_options: tuple[str, ...] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Load and evaluate; the task, its options and the token limits default to the run's when given a run
+    directory (a run trained with a self-report turn counts that turn in its ``max_turns``), else the task's."""
+    from ..tasks.base import parse_options
+
     policy, run_cfg = load_for_eval(model_or_run, kwargs.pop("device", "cpu"))
     task_name = task or run_cfg.get("task")
     if not task_name:
         raise ConfigError("--task is required when evaluating a model directory")
+    same_task = task_name == run_cfg.get("task")
+    if task_options is None:
+        task_options = tuple(run_cfg.get("task_options", ())) if same_task else ()
+    t = get_task(task_name, **parse_options(task_options))
     for key in ("max_new_tokens", "max_turns", "max_response_tokens"):
-        if kwargs.get(key) is None and run_cfg.get(key) is not None:
+        if kwargs.get(key) is None and same_task and run_cfg.get(key) is not None:
             kwargs[key] = run_cfg[key]
+    if same_task and run_cfg.get("self_report", "off") != "off" and kwargs.get("max_turns"):
+        kwargs["max_turns"] -= 1  # the run's count includes its self-report turn; the task's own turns
+        kwargs.pop("max_response_tokens", None)
+    if kwargs.get("max_new_tokens") is None:
+        kwargs["max_new_tokens"] = int(getattr(t, "max_new_tokens", 64))
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    return evaluate_policy(policy, get_task(task_name), split, samples, **kwargs)
+    return evaluate_policy(policy, t, split, samples, **kwargs)

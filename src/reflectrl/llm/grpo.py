@@ -17,14 +17,16 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..core import adv_est_requires, get_adv_est
 from ..errors import ConfigError
 from ..methods.base import MethodRunner, StepBatch, apply_shaping
+from ..methods.rewards import as_nan
 from ..tasks.base import Problem, get_task
+from ..tasks.selfreport import with_self_report
 from ..trainer import Clock, Trainer, default_run_dir
 from .batch import TokenBatch
 from .config import SAMPLES, GRPOConfig
@@ -73,18 +75,20 @@ class GRPO(PolicyUpdate, Trainer):
     extra_logs = (SAMPLES,)
 
     def __init__(self, config: GRPOConfig, hooks: list[GRPOHook] | None = None,
-                 methods: list[MethodRunner] | None = None):
+                 methods: list[MethodRunner] | Callable[["GRPO"], list[MethodRunner]] | None = None):
+        """``methods``: the runners, or a function of the trainer that builds them once the policy is loaded
+        (their heads read its hidden size)."""
         config.validate()
         self.algo_name = config.algo
-        self.task = get_task(config.task, **config.task_kwargs())
+        self.task = with_self_report(get_task(config.task, **config.task_kwargs()), config.self_report)
         if hasattr(self.task, "sandbox_batch"):
             self.task.sandbox_batch = config.sandbox_batch
         self.cfg = cfg = config.resolved(self.task)
         turns, budget = cfg.max_turns, cfg.max_response_tokens
         self.hooks: list[Any] = list(hooks or [])
-        self.methods = list(methods or [])
+        self.methods: list[MethodRunner] = [] if callable(methods) else list(methods or [])
         self.needs: set[str] = set().union(*(set(h.needs) for h in self.hooks))
-        if self.methods:
+        if methods:
             self.needs.add("hidden")
         self.critic = "values" in adv_est_requires(cfg.adv_estimator)
         if self.critic:
@@ -100,6 +104,8 @@ class GRPO(PolicyUpdate, Trainer):
                                   dtype=cfg.dtype, device=cfg.device)
         if self.critic:
             self.policy.add_head(VALUE_HEAD)
+        if callable(methods):
+            self.methods = list(methods(self))
         for h in self.hooks:
             h.setup(self)
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=cfg.learning_rate,
@@ -240,7 +246,8 @@ class GRPO(PolicyUpdate, Trainer):
 
     @staticmethod
     def reward_metrics(batch: TokenBatch) -> dict[str, float]:
-        """Reward mean/std, accuracy, zero-variance groups and completion lengths of a rollout batch."""
+        """Reward mean/std, accuracy, zero-variance groups, completion lengths and, when the rollouts
+        carry self-reports, their calibration (``calibration/*``) of a rollout batch."""
         lens = batch.completion_lengths.float()
         _, inv = torch.unique(batch.index, return_inverse=True)
         n_groups = int(inv.max()) + 1
@@ -251,7 +258,8 @@ class GRPO(PolicyUpdate, Trainer):
                 "groups/zero_std_frac": float(zero_groups.float().mean()),
                 "completion/mean_length": float(lens.mean()), "completion/max_length": float(lens.max()),
                 "completion/truncated_frac": float(batch.truncated.float().mean()),
-                "rollout/turns": float((batch.turn_ids.max(1).values + 1).float().mean())}
+                "rollout/turns": float((batch.turn_ids.max(1).values + 1).float().mean()),
+                **calibration_metrics(batch)}
 
     def log_samples(self, batch: TokenBatch, path: Path) -> None:
         """Append the first completion of the first ``samples_per_log`` groups to samples.jsonl."""
@@ -348,7 +356,30 @@ def step_batch(trainer: GRPO, batch: TokenBatch) -> StepBatch:
                      advantages=batch.advantages, returns=batch.returns, episode_end=end,
                      terminated=end & ~batch.truncated[:, None], next_values=zeros, mask=mask.float(),
                      progress=(trainer.update_idx - 1) / max(trainer.cfg.updates, 1),
-                     group_size=trainer.cfg.group_size, turn_ids=batch.turn_ids)
+                     group_size=trainer.cfg.group_size, turn_ids=batch.turn_ids, info=episode_info(batch))
+
+
+def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:
+    """Per-row ``outcome``, ``correct`` and, where any row has one, ``reflection`` / ``confidence`` (NaN
+    where missing), from each row's last environment info."""
+    last = [(rows[-1] if rows else {}) for rows in (batch.infos or [[] for _ in range(batch.rows)])]
+    out = {"outcome": torch.tensor([float(i.get("outcome", s)) for i, s in zip(last, batch.scores.tolist())]),
+           "correct": batch.correct.float()}
+    for key, kind in (("reflection", "reflect"), ("confidence", "confidence")):
+        if any(key in i or i.get("self_report") == kind for i in last):
+            out[key] = as_nan([i.get(key) for i in last])
+    return out
+
+
+def calibration_metrics(batch: TokenBatch) -> dict[str, float]:
+    """The self-report metrics of a rollout batch (``calibration/...``); empty without self-reports."""
+    info = episode_info(batch)
+    if "reflection" not in info and "confidence" not in info:
+        return {}
+    from ..eval.calibration import self_report_metrics
+
+    m = self_report_metrics(info["correct"], info.get("reflection"), info.get("confidence"))
+    return {f"calibration/{k}": v for k, v in m.items() if k != "accuracy"}
 
 
 def _zero_std_rows(batch: TokenBatch) -> torch.Tensor:

@@ -19,9 +19,9 @@ import torch
 
 from ..errors import ConfigError
 from ..progress import TrainProgress
-from ..tasks.base import get_task
-from .policy import load_policy
+from ..tasks.base import Problem, get_task, parse_options
 from .batch import RowResult, Segment, build_batch
+from .policy import load_policy
 
 
 @dataclass
@@ -32,6 +32,8 @@ class WarmupConfig:
     """Hugging Face model directory to start from (e.g. from `reflectrl llm init-tiny`)."""
     task: str = "arith"
     """Registered task whose train split provides the demonstrations."""
+    task_options: tuple[str, ...] = ()
+    """Task options as KEY=VALUE (as ``--set`` gives them)."""
     out: str = ""
     """Directory the warmed-up model is written to (Hugging Face format)."""
     steps: int = 500
@@ -49,8 +51,16 @@ class WarmupConfig:
     """Steps between those checks."""
     eval_problems: int = 128
     """Train problems in each check."""
-    max_new_tokens: int = 32
-    """Token limit of the greedy check's completions."""
+    max_new_tokens: Optional[int] = None
+    """Token limit of the greedy check's completions (default: the task's, else 32)."""
+    self_report: str = "off"
+    """End each demonstration with a self-report turn: off, reflect, confidence, or both (one of them per
+    episode), so that any method or evaluation can ask the model for one (docs/llm.md)."""
+    self_report_negatives: float = 0.3
+    """With self_report: share of the demonstrations that show a wrong answer (context only, not trained on)
+    followed by "unsolved" or a low confidence."""
+    multi_turn_share: float = 0.5
+    """Share of a multi-turn task's demonstrations that play several turns (query, result, answer)."""
     seed: int = 0
     """Seed of the demonstration order."""
     threads: int = 1
@@ -67,20 +77,70 @@ class WarmupConfig:
             raise ConfigError(f"stop_at_accuracy must be in (0, 1], got {self.stop_at_accuracy}")
         if self.eval_every < 1 or self.eval_problems < 1:
             raise ConfigError("eval_every and eval_problems must be >= 1")
+        if self.self_report not in ("off", "reflect", "confidence", "both"):
+            raise ConfigError(f"self_report must be off, reflect, confidence or both, got {self.self_report!r}")
+        if not (0 <= self.self_report_negatives < 1 and 0 <= self.multi_turn_share <= 1):
+            raise ConfigError("self_report_negatives must be in [0, 1) and multi_turn_share in [0, 1]")
 
 
-def demonstration_rows(policy, task, problems) -> list[RowResult]:
-    """Prompt + demonstration (+ eos) of each problem as one-turn episodes (the demo is the policy turn)."""
+REPORTS = {"reflect": ("solved", "unsolved"), "confidence": (("0.6", "0.7", "0.8", "0.9"), ("0.1", "0.2", "0.3", "0.4"))}
+
+
+def _tokens(tok: Any, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_report: str = "off",
+                       negatives: float = 0.0, multi_turn_share: float = 0.0,
+                       generator: torch.Generator | None = None) -> list[RowResult]:
+    """Each problem's demonstration as an episode whose agent turns are trained and whose environment
+    replies are context only (masked out of the loss).
+
+    ``multi_turn_share`` of the episodes of a task with ``demonstration_turns`` play those turns (run a
+    query, read its result, answer); the others are the one-turn ``demonstration``. With ``self_report``
+    (``reflect``, ``confidence`` or ``both``: one of them per episode) each episode ends with the question
+    of :mod:`reflectrl.tasks.selfreport` and its answer: ``solved`` or a high confidence after the
+    reference answer; and ``negatives`` of the episodes put a wrong answer (another problem's, checked to
+    score 0) in the context, not in the loss, followed by ``unsolved`` or a low confidence, so that both
+    reports are in the model's vocabulary before RL."""
+    from ..tasks.selfreport import QUESTIONS
+
     tok = policy.tokenizer
     eos = policy.eos_ids[:1]
+    g = generator or torch.Generator().manual_seed(0)
+    rand = lambda: float(torch.rand((), generator=g))
+    pick = lambda options: options[int(torch.randint(len(options), (), generator=g))]
+    has_turns = callable(getattr(task, "demonstration_turns", None)) and getattr(task, "multi_turn", False)
     rows = []
-    for p in problems:
-        demo = task.demonstration(p)
-        if demo.startswith(p.prompt):  # a task may return the whole text; train on the completion part
-            demo = demo[len(p.prompt):]
+    for i, p in enumerate(problems):
+        if has_turns and rand() < multi_turn_share:
+            turns = list(task.demonstration_turns(p))
+        else:
+            demo = task.demonstration(p)
+            if demo.startswith(p.prompt):  # a task may return the whole text; train on the completion part
+                demo = demo[len(p.prompt):]
+            turns = [(demo, "")]
+        kind = self_report if self_report != "both" else pick(("reflect", "confidence"))
+        negative = False
+        if kind != "off" and negatives > 0 and len(problems) > 1 and rand() < negatives:
+            other = problems[(i + 1 + int(torch.randint(len(problems) - 1, (), generator=g))) % len(problems)]
+            wrong = task.demonstration(other)
+            if float(task.score(p, wrong)) <= 0.0:
+                turns, negative = [(wrong, "")], True
+        segs = []
+        for t, (turn, reply) in enumerate(turns):
+            last = t == len(turns) - 1
+            ids = _tokens(tok, turn) + (eos if last else [])
+            segs.append(Segment(ids, "env" if negative else "policy", t))
+            if reply and not last:
+                segs.append(Segment(_tokens(tok, reply), "env", t))
+        if kind != "off":
+            pos, neg = REPORTS[kind]
+            answer = (neg if negative else pos) if kind == "reflect" else pick(neg if negative else pos)
+            segs.append(Segment(_tokens(tok, QUESTIONS[kind]), "env", len(turns) - 1))
+            segs.append(Segment(_tokens(tok, answer) + eos, "policy", len(turns)))
         ids = tok(p.prompt, add_special_tokens=True)["input_ids"]
-        comp = tok(demo, add_special_tokens=False)["input_ids"] + eos
-        rows.append(RowResult(ids, [Segment(comp, "policy", 0)], None, 0.0, False, False, []))
+        rows.append(RowResult(ids, segs, None, 0.0, False, False, []))
     return rows
 
 
@@ -91,12 +151,14 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     cfg.validate()
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, **parse_options(cfg.task_options))
     problems = list(task.problems("train"))[:cfg.max_problems]
     if not problems:
         raise ConfigError(f"task {cfg.task!r} has no train problems to demonstrate")
     policy = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    rows = demonstration_rows(policy, task, problems)
+    rows = demonstration_rows(policy, task, problems, cfg.self_report, cfg.self_report_negatives,
+                              cfg.multi_turn_share, torch.Generator().manual_seed(cfg.seed + 1))
+    max_new = cfg.max_new_tokens or int(getattr(task, "max_new_tokens", 32))
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []
@@ -104,8 +166,7 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     acc = None
     t0 = time.perf_counter()
     step = 0
-    check = lambda: evaluate_policy(policy, task, "train", max_new_tokens=cfg.max_new_tokens,
-                                    limit=cfg.eval_problems)["accuracy"]
+    check = lambda: evaluate_policy(policy, task, "train", max_new_tokens=max_new, limit=cfg.eval_problems)["accuracy"]
     with TrainProgress(cfg.steps, cfg.progress, f"warmup {cfg.task}") as bar:
         for step in range(1, cfg.steps + 1):
             while len(order) < cfg.batch_size:

@@ -26,7 +26,7 @@ advantages of each minibatch.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
@@ -56,6 +56,9 @@ class StepBatch:
     """Rows r and s hold trajectories of one group when r // group_size == s // group_size."""
     turn_ids: Tensor | None = None
     """``[R, T]`` turn of each step of a multi-turn LLM episode (-1 on padding); None elsewhere."""
+    info: dict[str, Tensor] = field(default_factory=dict)
+    """Per-row facts of the LLM front end's episodes, ``[R]`` floats: ``outcome`` (the reward the task gave),
+    ``correct`` (0 / 1), and the self-reports ``reflection`` (1 / 0) and ``confidence`` (q), NaN when missing."""
 
 
 @dataclass
@@ -116,10 +119,10 @@ class MethodRunner:
     order on the StepBatch the front end built; :meth:`aux_loss` forwards a minibatch to the method's
     auxiliary loss, if it has one. ``features`` (optional) says what the method's learned parts read."""
 
-    def __init__(self, method: Any, features: Features | None = None, name: str | None = None):
+    def __init__(self, method: Any, features: Features | None = None, name: str | None = None, view: Any = None):
         if not hasattr(method, "fit_first"):
             raise TypeError(f"{type(method).__name__} does not declare fit_first (fit before or after shape)")
-        self.method, self.features = method, features
+        self.method, self.features, self.view = method, features, view
         self.name = name or type(method).__name__
         self.seconds = 0.0
 
@@ -128,14 +131,19 @@ class MethodRunner:
         return callable(getattr(self.method, "aux_loss", None))
 
     def run(self, batch: StepBatch) -> Shaping:
+        """Fit and shape on ``batch`` (through the runner's ``view``, if any: e.g. one step per turn of an
+        LLM episode, the shaping mapped back to tokens)."""
         t0 = time.perf_counter()
         m = self.method
+        seen = self.view.to_view(batch) if self.view is not None else batch
         if m.fit_first:
-            m.fit(batch)
-            shaping = m.shape(batch)
+            m.fit(seen)
+            shaping = m.shape(seen)
         else:
-            shaping = m.shape(batch)
-            m.fit(batch)
+            shaping = m.shape(seen)
+            m.fit(seen)
+        if self.view is not None:
+            shaping = self.view.from_view(shaping)
         self.seconds = time.perf_counter() - t0
         return shaping
 

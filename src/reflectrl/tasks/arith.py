@@ -57,6 +57,7 @@ class ArithTask:
     name = "arith"
     multi_turn = False
     stop_sequences = ("\n",)
+    max_new_tokens = 10  # an answer (at most 8 characters) or a self-report ("unsolved", "0.25") and its end
 
     def __init__(self, digits: int = 2, ops: str = "+-", terms: int = 2, n_train: int = 5000, n_heldout: int = 500,
                  heldout_fraction: float = 0.1, seed: int = 0):

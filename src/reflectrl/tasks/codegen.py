@@ -8,7 +8,7 @@ Problems come from templated families (integer, list and string operations), e.g
 The program that is tested is ``assemble(prompt, completion, entry_point)`` (shared with ``humaneval``):
 the completion is the function **body**, appended to the prompt, unless it defines the whole function
 itself (see ``assemble``). Hidden tests are top-level ``assert`` statements, run in the sandbox
-(``reflectrl.tasks.sandbox``); generated code never runs in this process.
+(``reflectrl.sandbox``); generated code never runs in this process.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
+from ..sandbox import BATCH_SIZE, SandboxPool, Verdict, check_job, run_tests
 from .base import (Problem, SingleTurnEnv, check_split, in_heldout, register_task, stable_hash, step_info,
                    strip_self_report)
-from .sandbox import BATCH_SIZE, SandboxPool, Verdict, check_job, run_tests
 
 MAX_COMPLETION_CHARS = 20_000  # longer completions are cut here (no reference solution comes close)
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#", "\nassert ")
@@ -99,6 +99,7 @@ class SandboxedCodeTask:
     name = "code"
     multi_turn = False
     stop_sequences = STOP_SEQUENCES
+    max_new_tokens = 40  # a synthetic problem's function body (character-level tiny models: one token a character)
     timeout_s = 5.0
     memory_mb = 512
 

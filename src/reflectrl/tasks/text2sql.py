@@ -283,9 +283,10 @@ class Text2SQLTask:
     name = "text2sql"
     multi_turn = True
     stop_sequences = ("</sql>", "</answer>")
+    max_new_tokens = 100  # one turn: <answer>SELECT ... </answer> is up to ~90 characters (tokens of a tiny model)
 
     def __init__(self, n_train_dbs: int = 24, n_heldout_dbs: int = 6, per_template: int = 2, max_turns: int = 6,
-                 reflect: str = "inline", instructions: bool = True, schema: bool = True,
+                 reflect: str = "off", instructions: bool = True, schema: bool = True,
                  templates: Sequence[str] | str | None = None, seed: int = 0, query_timeout_s: float = QUERY_TIMEOUT_S):
         if reflect not in ("off", "inline", "turn"):
             raise ConfigError(f"text2sql reflect must be off, inline or turn, got {reflect!r}")

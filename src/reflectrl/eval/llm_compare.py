@@ -1,0 +1,223 @@
+"""``reflectrl llm compare``: LLM methods x tasks x seeds, each run through the CLI, then ``report.md`` (held-out
+accuracy and calibration with bootstrap CIs), ``curves.png`` and reliability diagrams.
+
+Without ``--model``, each (task, seed) gets one tiny model built by the task's CPU recipe
+(:mod:`reflectrl.llm.recipes`: init-tiny, then a warm-up to a weak-but-nonzero accuracy whose
+demonstrations end with self-reports) in ``OUT/models/{task}/seed_{s}/warmup``, and every method of that
+seed trains from it: the comparison is paired. Runs live in ``OUT/runs/{task}/{method}/seed_{s}/`` and go
+through the same :func:`~reflectrl.eval.runner.run_one` as ``reflectrl compare`` (skip finished, resume
+interrupted, retry, local pool or Ray); each is evaluated greedily on the held-out split with a reflection
+and a confidence asked after each answer (``reflectrl llm eval --self-report both``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import ConfigError, ReflectRLError
+from .compare import MethodSpec, check_train_args, parse_method
+from .runner import RunSpec, _run_cli, make_result, materialize, plan, run_local
+
+LLM_RESERVED = ("--algo", "--task", "--seed", "--updates", "--run-dir", "--resume", "--model", "--no-progress")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="reflectrl llm compare",
+        description="Train and evaluate LLM methods x tasks x seeds (runs in OUT/runs/{task}/{method}/seed_{s}), then "
+                    "write OUT/report.md, OUT/curves.png and reliability diagrams. Rerunning the same command skips "
+                    "finished runs and resumes interrupted ones.")
+    ap.add_argument("--methods", nargs="+", required=True, metavar="METHOD",
+                    help="`reflectrl llm train --algo` names, or variants 'LABEL=ALGO TRAIN FLAGS' (quoted); the first "
+                         "is the baseline of the probability of improvement")
+    ap.add_argument("--tasks", nargs="+", required=True, metavar="TASK", help="registered tasks (arith, text2sql, ...)")
+    ap.add_argument("--seeds", type=int, default=5, metavar="N", help="seeds 1..N per method and task (default 5)")
+    ap.add_argument("--updates", type=int, default=None, metavar="U",
+                    help="updates per run (default: the task recipe's budget)")
+    ap.add_argument("--out", required=True, metavar="DIR", help="output folder (models/, runs/, report.md, ...)")
+    ap.add_argument("--model", default=None, metavar="PATH",
+                    help="a warmed-up model every run starts from (default: one tiny model per task and seed, built by "
+                         "the task's recipe)")
+    ap.add_argument("--backend", choices=("local", "ray"), default="local",
+                    help="local: a pool of processes on this machine; ray: one Ray task per run")
+    ap.add_argument("--workers", type=int, default=2, metavar="K", help="runs (and model builds) at a time")
+    ap.add_argument("--retries", type=int, default=0, metavar="N", help="attempts after a failed one (default 0)")
+    ap.add_argument("--self-report", choices=("reflect", "confidence", "both", "off"), default="both",
+                    help="what the evaluation asks after each held-out answer (default both)")
+    ap.add_argument("--eval-limit", type=int, default=None, metavar="N", help="held-out problems per evaluation")
+    ap.add_argument("--early-fraction", type=float, default=0.2, metavar="F",
+                    help="share of the updates the early-learning AUC covers (default 0.2)")
+    ap.add_argument("--bootstrap-reps", type=int, default=5000, metavar="N", help="bootstrap resamples per CI")
+    ap.add_argument("--report-only", action="store_true", help="train nothing: report the runs finished so far")
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], metavar="TRAIN FLAGS",
+                    help="flags passed to every `reflectrl llm train` (must come last)")
+    return ap
+
+
+def _validate(args: argparse.Namespace) -> list[MethodSpec]:
+    from ..algos import algo_names
+    from ..tasks.base import get_task
+
+    checks = [(args.seeds >= 1, "--seeds must be at least 1"), (args.workers >= 1, "--workers must be at least 1"),
+              (args.updates is None or args.updates >= 1, "--updates must be at least 1"),
+              (args.retries >= 0, "--retries must be non-negative"),
+              (args.eval_limit is None or args.eval_limit >= 1, "--eval-limit must be at least 1"),
+              (0 < args.early_fraction <= 1, "--early-fraction must be in (0, 1]"),
+              (args.bootstrap_reps >= 100, "--bootstrap-reps must be at least 100")]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+    methods = [parse_method(m) for m in args.methods]
+    labels = [m.label for m in methods]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--methods names a method twice ({', '.join(labels)}); give variants distinct labels")
+    known = algo_names("llm")
+    for m in methods:
+        if m.algo not in known:
+            raise ConfigError(f"unknown --algo {m.algo!r} in --methods; available: {', '.join(known)}")
+        _check_llm_args(m.args, f"--methods {m.label}")
+    for task in args.tasks:
+        get_task(task)
+        if args.model is None:
+            from ..llm.recipes import recipe
+
+            recipe(task)
+    if args.model is not None and not Path(args.model).is_dir():
+        raise ConfigError(f"--model {args.model} is not a model directory")
+    return methods
+
+
+def _check_llm_args(args: Sequence[str], where: str) -> None:
+    for a in args:
+        if a.split("=", 1)[0] in LLM_RESERVED:
+            raise ConfigError(f"{where}: {a.split('=', 1)[0]} is set by llm compare for every run; remove it")
+
+
+def model_dir(out: Path, task: str, seed: int) -> Path:
+    return Path(out) / "models" / task / f"seed_{seed}"
+
+
+def build_model(out: Path, task: str, seed: int) -> tuple[str, str | None]:
+    """Build (once) the tiny warmed-up model of (task, seed) by the task's recipe; ``(path, error or None)``."""
+    from ..llm.recipes import recipe
+
+    r = recipe(task)
+    d = model_dir(out, task, seed)
+    warm = d / "warmup"
+    if (warm / "warmup.json").is_file():
+        return str(warm), None
+    d.mkdir(parents=True, exist_ok=True)
+    log = d / "build.log"
+    if not (d / "tiny" / "config.json").is_file():
+        rc, _, _ = _run_cli(["llm", "init-tiny", str(d / "tiny"), *r.tiny, "--seed", str(seed)], log)
+        if rc != 0:
+            return str(warm), f"init-tiny exited with status {rc} (log: {log})"
+    rc, _, _ = _run_cli(["llm", "warmup", "--model", str(d / "tiny"), "--task", task, "--out", str(warm), *r.warmup,
+                         "--stop-at-accuracy", str(r.warmup_target), "--seed", str(seed), "--self-report", "both",
+                         "--no-progress", "--force"], log)
+    return str(warm), None if rc == 0 else f"warmup exited with status {rc} (log: {log})"
+
+
+def build_grid(methods: Sequence[MethodSpec], tasks: Sequence[str], seeds: Sequence[int], out: Path,
+               models: dict[tuple[str, int], str], updates: int | None, extra: Sequence[str], eval_args: Sequence[str],
+               retries: int = 0) -> list[RunSpec]:
+    """Every (task, method, seed), tasks outermost; each run's train flags are its task recipe's, then the
+    method's own, then ``--extra``."""
+    from ..llm.recipes import RECIPES
+
+    specs = []
+    for task in tasks:
+        r = RECIPES.get(task)
+        base = tuple(r.train) if r is not None else ()
+        budget = updates or (r.updates if r is not None else 100)
+        for m in methods:
+            for s in seeds:
+                run_dir = Path(out) / "runs" / task / m.label / f"seed_{s}"
+                specs.append(RunSpec(task, m.label, m.algo, s, budget, str(run_dir),
+                                     ("--model", models[(task, s)], *base, *m.args, *extra), kind="llm",
+                                     eval_args=tuple(eval_args), retries=retries))
+    return specs
+
+
+def main(argv: list[str]) -> int:
+    """``reflectrl llm compare``."""
+    args = _parser().parse_args(argv)
+    methods = _validate(args)
+    extra = [w for a in args.extra for w in shlex.split(a)]
+    _check_llm_args(extra, "--extra")
+    check_train_args(extra, "--extra")
+    out = Path(args.out).resolve()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReflectRLError(f"cannot create --out {out}: {exc.strerror or exc}") from None
+    seeds = list(range(1, args.seeds + 1))
+    models: dict[tuple[str, int], str] = {}
+    failures: list[str] = []
+    if args.model is not None:
+        models = {(t, s): str(Path(args.model).resolve()) for t in args.tasks for s in seeds}
+    elif args.report_only:
+        models = {(t, s): str(model_dir(out, t, s) / "warmup") for t in args.tasks for s in seeds}
+    else:
+        jobs = [(t, s) for t in args.tasks for s in seeds]
+        print(f"building {len(jobs)} tiny models (skipped where built)", flush=True)
+        with ThreadPoolExecutor(args.workers) as pool:
+            for (t, s), (path, err) in zip(jobs, pool.map(lambda j: build_model(out, *j), jobs)):
+                models[(t, s)] = path
+                if err:
+                    failures.append(f"model {t}/seed_{s}: {err}")
+                    print(f"model {t}/seed_{s} failed: {err}", file=sys.stderr, flush=True)
+    eval_args = ([] if args.self_report == "off" else ["--self-report", args.self_report]) + (
+        ["--limit", str(args.eval_limit)] if args.eval_limit else [])
+    specs = build_grid(methods, args.tasks, seeds, out, models, args.updates, extra, eval_args, args.retries)
+    specs = [s for s in specs if not any(f.startswith(f"model {s.env_id}/seed_{s.seed}:") for f in failures)]
+    plans = [plan(s)[0] for s in specs]
+    counts = {k: plans.count(k) for k in ("skip", "resume", "train", "conflict")}
+    print(f"{len(specs)} runs: {counts['skip']} finished (skipped), {counts['resume']} to resume, {counts['train']} to "
+          "train" + (f", {counts['conflict']} in conflict" if counts["conflict"] else ""), flush=True)
+    results: list[dict[str, Any]] = [make_result(s, "skipped") for s, p in zip(specs, plans) if p == "skip"]
+    todo = [s for s, p in zip(specs, plans) if p != "skip"]
+    command = "reflectrl llm compare " + shlex.join(argv)
+
+    def on_result(res: dict) -> None:
+        materialize(res)
+        results.append(res)
+        tag = f"[{len(results)}/{len(specs)}] {res['name']}"
+        if res["status"] == "ok":
+            acc = res.get("eval_mean")
+            print(f"{tag}: {res['action']}, held-out accuracy {'?' if acc is None else f'{acc:.3f}'}", flush=True)
+        else:
+            print(f"run {res['name']} failed: {res['error']} (log: {res['log']})", file=sys.stderr, flush=True)
+
+    if not args.report_only and todo:
+        try:
+            if args.backend == "ray":
+                from ..integrations.ray_backend import run_ray
+
+                run_ray(todo, args.workers, on_result)
+            else:
+                run_local(todo, args.workers, on_result)
+        except KeyboardInterrupt:
+            print(f"interrupted; run the same command again to resume (runs are kept in {out / 'runs'})",
+                  file=sys.stderr)
+            return 130
+    from .llm_report import write_llm_outputs
+
+    notes = list(failures)
+    if args.report_only:
+        pending = [s.name for s, p in zip(specs, plans) if p in ("resume", "train")]
+        if pending:
+            notes.append(f"written with --report-only: {len(pending)} of {len(specs)} runs not finished and left out")
+    paths = write_llm_outputs(out, specs, results, command, [m.label for m in methods], args.tasks,
+                              args.early_fraction, args.bootstrap_reps, notes)
+    print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+    failed = [r for r in results if r["status"] != "ok"]
+    if failed or failures:
+        print(f"{len(failed) + len(failures)} failures (see report.md)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,66 @@
+"""The CPU-scale recipe per task: a tiny model, a supervised warm-up to a weak-but-nonzero accuracy, and the
+GRPO settings that raise it in a few CPU-minutes. ``benchmarks/llm_learn.py`` runs it for one seed;
+``reflectrl llm compare`` builds each seed's warmed-up model with it once and trains every method from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Flags of ``reflectrl llm init-tiny``, ``llm warmup`` and ``llm train`` for one task."""
+
+    tiny: tuple[str, ...]
+    warmup: tuple[str, ...]
+    warmup_target: float
+    train: tuple[str, ...]
+    updates: int
+    """Updates that take GRPO about the recipe's 600 CPU-seconds on a 2-core machine (the llm_learn budget)."""
+
+
+RECIPES: dict[str, Recipe] = {
+    "arith": Recipe(
+        tiny=("--layers", "2", "--width", "64", "--heads", "4"),
+        warmup=("--steps", "5000", "--batch-size", "64", "--learning-rate", "3e-3", "--eval-every", "100",
+                "--eval-problems", "256"),
+        warmup_target=0.2,
+        train=("--prompts-per-update", "32", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "4",
+               "--temperature", "1.0", "--gen-batch", "128"),
+        updates=3000),
+    "codegen": Recipe(
+        tiny=("--layers", "2", "--width", "64", "--heads", "4"),
+        warmup=("--steps", "5000", "--batch-size", "32", "--learning-rate", "3e-3", "--eval-every", "25",
+                "--eval-problems", "128"),
+        warmup_target=0.2,
+        train=("--prompts-per-update", "16", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "4",
+               "--temperature", "1.0", "--gen-batch", "32", "--reward-workers", "4"),
+        updates=640),
+    "text2sql": Recipe(
+        tiny=("--layers", "2", "--width", "64", "--heads", "4", "--max-positions", "1024"),
+        warmup=("--steps", "3000", "--batch-size", "32", "--learning-rate", "3e-3", "--eval-every", "100",
+                "--eval-problems", "64"),
+        warmup_target=0.2,
+        train=("--prompts-per-update", "8", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "2",
+               "--temperature", "1.0", "--gen-batch", "64", "--reward-workers", "4"),
+        updates=400),
+    "rag": Recipe(
+        tiny=("--layers", "2", "--width", "64", "--heads", "4", "--max-positions", "1024"),
+        warmup=("--steps", "3000", "--batch-size", "32", "--learning-rate", "3e-3", "--eval-every", "100",
+                "--eval-problems", "64"),
+        warmup_target=0.2,
+        train=("--prompts-per-update", "8", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "2",
+               "--temperature", "1.0", "--gen-batch", "64", "--reward-workers", "4"),
+        updates=500),
+}
+
+
+def recipe(task: str) -> Recipe:
+    """The recipe of ``task``, or ConfigError naming the tasks that have one."""
+    if task not in RECIPES:
+        raise ConfigError(f"no CPU recipe for task {task!r} (recipes: {', '.join(sorted(RECIPES))}); "
+                          "give a warmed-up --model instead")
+    return RECIPES[task]

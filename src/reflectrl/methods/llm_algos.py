@@ -1,0 +1,82 @@
+"""The self-assessment methods on the LLM front end: one config dataclass per method (a GRPOConfig
+subclass, so every option is a ``reflectrl llm train --algo NAME`` flag) and the method runners each
+builds for a run; the composition root :mod:`reflectrl.algos` registers them. The learned parts are the
+same classes as on the control front end (:mod:`reflectrl.methods.refgrpo_seed`, ...), reading the policy's
+hidden states instead of observations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..llm.config import GRPOConfig
+from ..trainer import check_all
+from .base import MethodRunner
+from .refgrpo import RefGRPO, RefGRPOOptions
+from .refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
+from .rlcr import RLCR, RLCROptions
+
+
+def method_seed(seed: int, salt: int) -> int:
+    """A method's own seed, derived from the run seed (so it never shares the trainer's streams)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, 7919, salt]).generate_state(1)[0])
+
+
+@dataclass
+class RefGRPOConfig(RefGRPOOptions, GRPOConfig):
+    """refgrpo: GRPO with a reflection-agreement bonus (arXiv 2606.14211); GRPOplus defaults (length-normalized
+    loss, clip-higher, no KL); the environment asks for a reflection after each episode."""
+
+    def validate(self) -> None:
+        GRPOConfig.validate(self)
+        check_all(self.validate_refgrpo() + [(self.self_report == "reflect", "refgrpo needs --self-report reflect")])
+
+
+@dataclass
+class RLCRConfig(RLCROptions, GRPOConfig):
+    """rlcr: GRPO with the Brier calibration reward (arXiv 2507.16806); the environment asks for a confidence."""
+
+    def validate(self) -> None:
+        GRPOConfig.validate(self)
+        check_all(self.validate_rlcr() + [(self.self_report == "confidence", "rlcr needs --self-report confidence")])
+
+
+@dataclass
+class RefGRPOSeedLLMConfig(RefGRPOSeedOptions, GRPOConfig):
+    """refgrpo-seed on the LLM (seed 000, section 6): a reflection predictor on the policy's hidden states,
+    regressed onto the normalized per-step advantages, and the calibration bonus on its error."""
+
+    reflection_unit: Literal["token", "turn"] = "token"
+    """The predictor's step: each generated token, or each agent turn (features and targets averaged over it)."""
+
+    def validate(self) -> None:
+        GRPOConfig.validate(self)
+        check_all(self.validate_refgrpo())
+
+
+REFGRPO_DEFAULTS: dict[str, Any] = {"self_report": "reflect", "clip_high": 0.28,
+                                    "loss_agg_mode": "seq-mean-token-mean", "kl_coef": 0.0}
+RLCR_DEFAULTS: dict[str, Any] = {"self_report": "confidence"}
+
+
+def refgrpo_llm_methods(cfg: RefGRPOConfig) -> list[MethodRunner]:
+    return [MethodRunner(RefGRPO(cfg))]
+
+
+def rlcr_llm_methods(cfg: RLCRConfig) -> list[MethodRunner]:
+    return [MethodRunner(RLCR(cfg))]
+
+
+def refgrpo_seed_llm_methods(cfg: RefGRPOSeedLLMConfig):
+    """The runner of refgrpo-seed, built once the policy is loaded (the predictor reads its hidden size)."""
+
+    def build(trainer: Any) -> list[MethodRunner]:
+        from ..llm.turns import TurnView
+
+        method = RefGRPOSeed(trainer.policy.hidden_size, cfg, cfg.learning_rate, method_seed(cfg.seed, 11))
+        return [MethodRunner(method, view=TurnView() if cfg.reflection_unit == "turn" else None)]
+
+    return build

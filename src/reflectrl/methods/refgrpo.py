@@ -1,0 +1,73 @@
+"""refgrpo: a reflection-agreement bonus (arXiv 2606.14211, "Closing the Reflection Gap").
+
+When an episode ends the environment asks the agent for a binary reflection, solved or unsolved
+(:mod:`reflectrl.tasks.selfreport`); the outcome is used for the reward and never shown to the agent.
+The reward becomes ``R = outcome + c * 1[reflection == outcome]``: the bonus is added to the outcome at the
+episode's last token, *before* group normalization (a ``reward_delta`` of the method contract), with ``c``
+on a schedule (the paper: 0.1 for the first two thirds of training, then 0). A missing or malformed
+reflection earns no bonus and is counted (``refgrpo/missing_rate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from .base import Shaping, StepBatch
+from .rewards import bonus_schedule, reflection_bonus
+
+
+@dataclass
+class RefGRPOOptions:
+    """Options of refgrpo (each a ``reflectrl llm train --algo refgrpo`` flag)."""
+
+    refgrpo_c: float = 0.1
+    """Bonus c in R = outcome + c * 1[reflection == outcome] (the paper's 0.1)."""
+    refgrpo_schedule: Literal["step", "linear", "constant"] = "step"
+    """step: c for the first --refgrpo-until of training, then 0; linear: c down to 0; constant: c throughout."""
+    refgrpo_until: float = 2.0 / 3.0
+    """The share of training the step schedule keeps the bonus on (the paper's two thirds)."""
+
+    def validate_refgrpo(self) -> list[tuple[bool, str]]:
+        return [(self.refgrpo_c >= 0, "--refgrpo-c must be non-negative"),
+                (0 < self.refgrpo_until <= 1, "--refgrpo-until must be in (0, 1]")]
+
+
+def last_step_delta(batch: StepBatch, per_row: Tensor) -> Tensor:
+    """``[R, T]`` holding ``per_row [R]`` at each row's episode end (an LLM row's last policy token)."""
+    return batch.episode_end.to(per_row.dtype) * per_row[:, None]
+
+
+class RefGRPO:
+    """The reflection-agreement bonus on the rollouts' reflections (no learned part)."""
+
+    fit_first = True
+
+    def __init__(self, opts: RefGRPOOptions):
+        self.o = opts
+        self._metrics: dict[str, float] = {}
+
+    def fit(self, batch: StepBatch) -> None:
+        """Nothing to learn."""
+
+    def shape(self, batch: StepBatch) -> Shaping:
+        outcome = batch.info["outcome"]
+        reflection = batch.info.get("reflection", torch.full_like(outcome, float("nan")))
+        c = bonus_schedule(self.o.refgrpo_c, self.o.refgrpo_schedule, batch.progress, self.o.refgrpo_until)
+        bonus = reflection_bonus(outcome, reflection, c)
+        missing = torch.isnan(reflection).float().mean()
+        self._metrics = {"refgrpo/c": c, "refgrpo/bonus_mean": float(bonus.mean()),
+                         "refgrpo/missing_rate": float(missing)}
+        return Shaping(reward_delta=last_step_delta(batch, bonus))
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        return {}, {}
+
+    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        """Stateless: the schedule follows the batch's progress."""

@@ -1,0 +1,62 @@
+"""rlcr: a calibration reward (arXiv 2507.16806, RLCR).
+
+The agent answers, then states a confidence q in [0, 1] (:mod:`reflectrl.tasks.selfreport`); the reward
+becomes ``R = 1[correct] - (q - 1[correct])^2``, the accuracy reward plus a Brier score, a proper scoring
+rule, so that the best policy is both right and calibrated. A completion without a valid confidence gets
+:data:`~reflectrl.methods.rewards.RLCR_FORMAT_PENALTY` (the RLCR release's format rule, on this scale).
+Applied as a ``reward_delta`` at the episode's last token (before group normalization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .base import Shaping, StepBatch
+from .refgrpo import last_step_delta
+from .rewards import RLCR_FORMAT_PENALTY, rlcr_reward
+
+
+@dataclass
+class RLCROptions:
+    """Options of rlcr (each a ``reflectrl llm train --algo rlcr`` flag)."""
+
+    rlcr_format_penalty: float = RLCR_FORMAT_PENALTY
+    """Reward of a completion without a valid confidence (the RLCR release's rule: below every valid one)."""
+
+    def validate_rlcr(self) -> list[tuple[bool, str]]:
+        return [(self.rlcr_format_penalty <= 0, "--rlcr-format-penalty must be <= 0")]
+
+
+class RLCR:
+    """The Brier calibration reward on the rollouts' stated confidences (no learned part)."""
+
+    fit_first = True
+
+    def __init__(self, opts: RLCROptions):
+        self.o = opts
+        self._metrics: dict[str, float] = {}
+
+    def fit(self, batch: StepBatch) -> None:
+        """Nothing to learn."""
+
+    def shape(self, batch: StepBatch) -> Shaping:
+        correct, outcome = batch.info["correct"], batch.info["outcome"]
+        q = batch.info.get("confidence", torch.full_like(correct, float("nan")))
+        target = rlcr_reward(correct, q, self.o.rlcr_format_penalty)
+        valid = ~torch.isnan(q)
+        self._metrics = {"rlcr/reward_mean": float(target.mean()), "rlcr/missing_rate": float((~valid).float().mean()),
+                         "rlcr/brier": float(((q[valid] - correct[valid]) ** 2).mean()) if valid.any() else float("nan")}
+        return Shaping(reward_delta=last_step_delta(batch, target - outcome))
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        return {}, {}
+
+    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        """Stateless."""

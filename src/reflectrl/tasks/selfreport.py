@@ -1,0 +1,116 @@
+"""Asking an agent how it did: a turn after the episode in which it states a reflection or a confidence.
+
+:func:`with_self_report` wraps any task (single- or multi-turn) so that, when its episode ends (a final
+answer given, or its turns used up), the environment asks one more question: ``reflect`` asks whether the
+answer solved the problem (``solved`` / ``unsolved``), ``confidence`` asks for the probability that it is
+right (a number in [0, 1]). The outcome is the inner episode's reward and is given at the answer's turn;
+it is never part of the text the agent sees, and the self-report turn earns no reward of its own (a
+method such as refgrpo or rlcr adds one). The last step's ``info`` holds the inner outcome and the parsed
+report (``reflection`` 1 / 0, ``confidence`` q) or ``self_report_valid: False`` when the report is missing or
+malformed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .base import Problem, SingleTurnEnv, parse_confidence, parse_reflection
+
+KINDS = ("reflect", "confidence")
+QUESTIONS = {"reflect": "\nsolved or unsolved?\n", "confidence": "\nconfidence (0-1)?\n"}
+_WORD = re.compile(r"\s*([A-Za-z]{1,16})")
+_NUMBER = re.compile(r"\s*([0-9](?:\.[0-9]{1,6})?)")
+
+
+def parse_report(kind: str, text: Any) -> float | None:
+    """The report of a self-report turn: ``reflect``: 1 (solved) / 0 (unsolved) from the tag or the bare
+    first word; ``confidence``: q in [0, 1] from the tag or a bare leading number; None when malformed."""
+    if not isinstance(text, str):
+        return None
+    if kind == "reflect":
+        tagged = parse_reflection(text)
+        if tagged is not None:
+            return float(tagged)
+        m = _WORD.match(text[:64])
+        return {"solved": 1.0, "unsolved": 0.0}.get(m.group(1).lower()) if m else None
+    tagged = parse_confidence(text)
+    if tagged is not None:
+        return tagged
+    m = _NUMBER.match(text[:64])
+    if m is None:
+        return None
+    q = float(m.group(1))
+    return q if 0.0 <= q <= 1.0 else None
+
+
+class SelfReportEnv:
+    """The inner task's environment followed by one self-report turn (see the module docstring)."""
+
+    def __init__(self, inner: Any, kind: str):
+        self.inner, self.kind = inner, kind
+        self._final: dict[str, Any] | None = None
+
+    def reset(self, problem: Problem) -> str:
+        self._final = None
+        return self.inner.reset(problem)
+
+    def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
+        if self._final is not None:  # the self-report turn
+            report = parse_report(self.kind, text)
+            info = dict(self._final)
+            info["self_report"], info["self_report_valid"] = self.kind, report is not None
+            if report is not None:
+                info["reflection" if self.kind == "reflect" else "confidence"] = report
+            self._final = None
+            return "", 0.0, True, info
+        feedback, reward, done, info = self.inner.step(text)
+        if not done:
+            return feedback, reward, False, info
+        info = dict(info) if isinstance(info, dict) else {}
+        info.setdefault("outcome", float(reward))
+        # a report inside the answer itself is not the one asked for: the turn below decides
+        info.pop("reflection", None)
+        info.pop("confidence", None)
+        self._final = info
+        return QUESTIONS[self.kind], reward, False, {k: v for k, v in info.items() if k != "correct"}
+
+    def close(self) -> None:
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
+
+class SelfReportTask:
+    """A task whose episodes end with a self-report turn; everything else is the inner task's."""
+
+    multi_turn = True
+
+    def __init__(self, task: Any, kind: str):
+        if kind not in KINDS:
+            raise ValueError(f"self-report kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        self.task, self.kind = task, kind
+        self.name = getattr(task, "name", "task")
+        inner_turns = int(getattr(task, "max_turns", 6)) if getattr(task, "multi_turn", False) else 1
+        self.max_turns = inner_turns + 1
+        self.stop_sequences = tuple(getattr(task, "stop_sequences", ()) or ())
+
+    def __getattr__(self, name: str) -> Any:  # problems, score, teacher_prompt, max_new_tokens, ...
+        return getattr(self.__dict__["task"], name)
+
+    def make_env(self) -> SelfReportEnv:
+        inner = self.task.make_env() if getattr(self.task, "multi_turn", False) else SingleTurnEnv(self.task)
+        return SelfReportEnv(inner, self.kind)
+
+    def inner_turns(self, problem: Problem) -> list[tuple[str, str]]:
+        """The inner task's demonstration as (agent turn, environment reply) pairs."""
+        turns = getattr(self.task, "demonstration_turns", None)
+        if callable(turns) and getattr(self.task, "multi_turn", False):
+            return list(turns(problem))
+        return [(self.task.demonstration(problem), "")]
+
+
+def with_self_report(task: Any, kind: str | None) -> Any:
+    """``task`` with a self-report turn of ``kind`` after each episode (``None`` / ``off``: the task itself)."""
+    if kind in (None, "off"):
+        return task
+    return SelfReportTask(task, kind)

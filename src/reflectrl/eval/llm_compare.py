@@ -117,9 +117,13 @@ def build_model(out: Path, task: str, seed: int) -> tuple[str, str | None]:
         rc, _, _ = _run_cli(["llm", "init-tiny", str(d / "tiny"), *r.tiny, "--seed", str(seed)], log)
         if rc != 0:
             return str(warm), f"init-tiny exited with status {rc} (log: {log})"
+    if warm.exists():  # a warm-up that stopped before writing its summary: start it again
+        import shutil
+
+        shutil.rmtree(warm)
     rc, _, _ = _run_cli(["llm", "warmup", "--model", str(d / "tiny"), "--task", task, "--out", str(warm), *r.warmup,
                          "--stop-at-accuracy", str(r.warmup_target), "--seed", str(seed), "--self-report", "both",
-                         "--no-progress", "--force"], log)
+                         "--no-progress"], log)
     return str(warm), None if rc == 0 else f"warmup exited with status {rc} (log: {log})"
 
 

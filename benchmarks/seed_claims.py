@@ -10,8 +10,9 @@ and method the script compares against ``ppo`` (same env, same seeds 1..N) and p
 - **faster early learning**: P(method > ppo) of the early-learning AUC (episodic return averaged
   over the first ``--early-fraction`` of steps, as in report.md), with its 95% bootstrap CI.
   holds: CI low > 0.5; does not hold: CI high < 0.5 or point <= 0.5; otherwise not resolved.
-- **final >= PPO**: P(method > ppo) of the final (evaluation) return. holds: point >= 0.5;
-  does not hold: CI high < 0.5 (worse beyond noise); otherwise not resolved (lower, within noise).
+- **final >= PPO**: P(method > ppo) of the final (evaluation) return. holds: CI low > 0.5 (better beyond
+  noise); does not hold: CI high < 0.5 (worse beyond noise); otherwise "level (within noise)": the
+  claim is neither shown nor refuted.
 - **L_cal falls and settles** (refgrpo-seed): per seed, mean held-out L_cal over the last 20% of
   updates divided by its mean over the first 20% (updates that logged it); settles: the relative std
   over the last 20%. holds: the ratio is < 1 in every seed.
@@ -62,11 +63,11 @@ def verdict_early(p: tuple[float, float, float]) -> str:
 
 def verdict_final(p: tuple[float, float, float]) -> str:
     point, lo, hi = p
-    if point >= 0.5:
+    if lo > 0.5:
         return "holds"
     if hi < 0.5:
         return "does not hold"
-    return "not resolved"
+    return "level (within noise)"
 
 
 def too_few(n: int, min_seeds: int) -> str | None:
@@ -102,7 +103,20 @@ def main() -> None:
     ap.add_argument("--min-seeds", type=int, default=3, help="fewest runs per method and env for a verdict")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--md-out", type=Path, default=None, help="also write the printed tables here")
+    ap.add_argument("--rerender", type=Path, default=None, metavar="JSON",
+                    help="instead of reading runs: apply the current verdict rules to a --json-out file written "
+                         "before (its P values and CIs), and write --json-out / --md-out again")
     a = ap.parse_args()
+    if a.rerender is not None:
+        out = json.loads(a.rerender.read_text())
+        for e in out["envs"].values():
+            for rec in e["methods"].values():
+                if not str(rec["final_verdict"]).startswith("too few"):
+                    rec["final_verdict"] = verdict_final(tuple(rec["p_final"]))
+                if not str(rec["early_verdict"]).startswith("too few"):
+                    rec["early_verdict"] = verdict_early(tuple(rec["p_early"]))
+        write(out, rerender_rows(out), a)
+        return
     kinds: dict[str, str] = {}
     groups: dict[str, dict[str, list]] = {}
     for kind, folders in (("dense", a.dense), ("sparse", a.sparse)):
@@ -172,12 +186,41 @@ def main() -> None:
             srows.append(f"| {m} | {fmt(d)} | {fmt(s)} | {v} |")
     if len(srows) > 3:
         printed.append("\n".join(srows))
+    write(out, printed, a)
+
+
+def write(out: dict, printed: list[str], a: argparse.Namespace) -> None:
     print("\n".join(printed))
     if a.md_out:
         a.md_out.write_text("\n".join(printed) + "\n")
     if a.json_out:
         a.json_out.parent.mkdir(parents=True, exist_ok=True)
         a.json_out.write_text(json.dumps(out, indent=2))
+
+
+def rerender_rows(out: dict) -> list[str]:
+    """The tables of a results file (the same layout as a fresh run writes)."""
+    rows = ["| env (reward) | method | seeds | final IQM: method / ppo | P(final > ppo) [95% CI] | final >= PPO "
+            "| early AUC IQM: method / ppo | P(early AUC > ppo) [95% CI] | faster early learning |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    lrows = ["", "| env | method | held-out L_cal, last 20% / first 20% of updates, per seed | relative std over "
+             "the last 20% | L_cal falls |", "|---|---|---|---|---|"]
+    for env, e in out["envs"].items():
+        for m, rec in e["methods"].items():
+            rows.append(f"| {env} ({e['reward']}) | {m} | {rec['seeds']} | {rec['final_iqm']:.1f} / "
+                        f"{rec['ppo_final_iqm']:.1f} | {fmt(rec['p_final'])} | {rec['final_verdict']} | "
+                        f"{rec['early_auc_iqm']:.1f} / {rec['ppo_early_auc_iqm']:.1f} | {fmt(rec['p_early'])} | "
+                        f"{rec['early_verdict']} |")
+            t = rec.get("l_cal")
+            if t:
+                lrows.append(f"| {env} | {m} | {', '.join(f'{x:.2f}' for x in t['ratios'])} | "
+                             f"{', '.join(f'{x:.2f}' for x in t['relative_std_last'])} | {t['verdict']} |")
+    printed = ["\n".join(rows)] + (["\n".join(lrows)] if len(lrows) > 3 else [])
+    srows = ["", "| method | mean P(final > ppo), dense envs [95% CI] | sparse envs [95% CI] | larger gains on sparse |",
+             "|---|---|---|---|"]
+    for m, v in out.get("sparse_vs_dense", {}).items():
+        srows.append(f"| {m} | {fmt(v['dense'])} | {fmt(v['sparse'])} | {v['verdict']} |")
+    return printed + (["\n".join(srows)] if len(srows) > 3 else [])
 
 
 if __name__ == "__main__":

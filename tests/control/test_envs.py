@@ -79,3 +79,13 @@ def test_running_mean_std_matches_numpy():
         rms.update(chunk)
     np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-10)
     np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-10)
+
+
+def test_lean_env_falls_back_when_gymnasium_lacks_its_internals(monkeypatch):
+    """A Gymnasium whose SyncVectorEnv lacks the internals the lean step writes gets the plain one."""
+    from reflectrl.control import envs as envs_mod
+
+    assert isinstance(envs_mod.make_vector_env("CartPole-v1", 2), envs_mod.LeanSyncVectorEnv)
+    monkeypatch.setattr(envs_mod, "LEAN_ATTRS", (*envs_mod.LEAN_ATTRS, "_an_internal_gymnasium_2_renamed"))
+    plain = envs_mod.make_vector_env("CartPole-v1", 2)
+    assert not isinstance(plain, envs_mod.LeanSyncVectorEnv)

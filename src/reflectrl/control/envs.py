@@ -69,8 +69,16 @@ def make_vector_env(env_id: str, num_envs: int, lean: bool = True, **env_kwargs)
         warnings.simplefilter("ignore", category=UserWarning)
         fns = [lambda: gym.make(env_id, disable_env_checker=True, **env_kwargs) for _ in range(num_envs)]
         if lean and _lean_ok(fns[0]):
-            return LeanSyncVectorEnv(fns)
+            envs = LeanSyncVectorEnv(fns)
+            # the lean step writes SyncVectorEnv internals of Gymnasium 1.x: without them, the plain one
+            if all(hasattr(envs, a) for a in LEAN_ATTRS):
+                return envs
+            envs.close()
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+
+
+LEAN_ATTRS = ("_rewards", "_terminations", "_truncations", "_env_obs", "_observations", "_add_info")
+"""The SyncVectorEnv internals :class:`LeanSyncVectorEnv` writes (Gymnasium 1.x)."""
 
 
 def _lean_ok(fn) -> bool:

@@ -33,7 +33,7 @@ def _check(checks: list[tuple[bool, str]]) -> None:
 
 @dataclass
 class RefGRPOSeedConfig(RefGRPOSeedOptions, PPOConfig):
-    """refgrpo-seed: PPO with a calibration bonus from a reflection predictor (METHODS.md §1). Fields left at
+    """refgrpo-seed: PPO with a calibration bonus from a reflection predictor (seed 000). Fields left at
     ``None`` take CleanRL's default for the env's action space."""
 
     exp_name: str = "refgrpo-seed"
@@ -46,7 +46,7 @@ class RefGRPOSeedConfig(RefGRPOSeedOptions, PPOConfig):
 
 @dataclass
 class GearSeedConfig(GearSeedOptions, PPOConfig):
-    """gear-seed: PPO with advantages reweighted by a value head distilled from group winners (METHODS.md §3).
+    """gear-seed: PPO with advantages reweighted by a value head distilled from group winners (seed 001).
     Fields left at ``None`` take CleanRL's default for the env's action space."""
 
     exp_name: str = "gear-seed"
@@ -61,7 +61,7 @@ class GearSeedConfig(GearSeedOptions, PPOConfig):
 
 @dataclass
 class ExGRPOSeedConfig(ExGRPOSeedOptions, PPOConfig):
-    """exgrpo-seed: PPO with a trajectory-level reflection term from a reflection memory (METHODS.md §5).
+    """exgrpo-seed: PPO with a trajectory-level reflection term from a reflection memory (seed 003).
     Fields left at ``None`` take CleanRL's default for the env's action space."""
 
     exp_name: str = "exgrpo-seed"
@@ -78,7 +78,7 @@ class ExGRPOSeedConfig(ExGRPOSeedOptions, PPOConfig):
 @dataclass
 class ExGRPOSeedDQNConfig(ExGRPOSeedOptions, DQNConfig):
     """exgrpo-seed-dqn: DQN whose TD target adds eta * Q_refl(s, a), the reflection of the transition's
-    trajectory (METHODS.md §5; CleanRL dqn.py defaults otherwise)."""
+    trajectory (seed 003; CleanRL dqn.py defaults otherwise)."""
 
     exp_name: str = "exgrpo-seed-dqn"
     """Name of the experiment (part of the default run directory)."""

@@ -1,4 +1,4 @@
-"""exgrpo-seed: a reflection memory (METHODS.md §5, seed 003).
+"""exgrpo-seed: a reflection memory (seed 003; docs/methods.md).
 
 Completed trajectories go to a memory buffer. A reflector scores a trajectory in [-1, 1] from its
 mean-pooled states; the default one is an MLP with output ``sigmoid(z) * 2 - 1`` regressed onto

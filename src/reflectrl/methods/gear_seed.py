@@ -1,4 +1,4 @@
-"""gear-seed: advantage reweighting from a self-distilled value (METHODS.md §3, seed 001).
+"""gear-seed: advantage reweighting from a self-distilled value (seed 001; docs/methods.md).
 
 Groups of G trajectories start from one reset seed; the top-K of each group by coarse reward
 (the episode return) are the winners. A distilled value head V_d on states is regressed onto the

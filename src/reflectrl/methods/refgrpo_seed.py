@@ -1,4 +1,4 @@
-"""refgrpo-seed: a calibration bonus from a reflection predictor (METHODS.md §1, seed 000).
+"""refgrpo-seed: a calibration bonus from a reflection predictor (seed 000; docs/methods.md).
 
 A reflection predictor f(features) is regressed onto the batch-normalized advantages Â_n; the
 bonus ``b = -alpha * (f - target)^2`` (target Â or Â_n), clipped to ``±k * mean|r|`` and scaled by a
@@ -113,7 +113,7 @@ class RefGRPOSeedOptions:
 class RefGRPOSeed:
     """The reflection predictor, its fit on Â_n and the calibration bonus, on generic features."""
 
-    fit_first = True  # the bonus uses the predictor after this batch's fit (METHODS.md §1.4)
+    fit_first = True  # the bonus uses the predictor after this batch's fit (docs/methods.md)
 
     def __init__(self, in_dim: int, opts: RefGRPOSeedOptions, policy_lr: float, seed: int):
         self.o = opts

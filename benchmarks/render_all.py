@@ -1,6 +1,7 @@
 """Write BENCHMARKS.md: the prose of benchmarks/BENCHMARKS.in.md with every ``<!-- render: SCRIPT ARGS -->``
 marker replaced by that script's output (render_ppo.py, render_seed.py, render_llm.py: tables from the
-JSON and report files in benchmarks/results/).
+JSON and report files in benchmarks/results/); and README.md's summary between its ``<!-- summary -->``
+markers (render_summary.py).
 
     python benchmarks/render_all.py            # rewrites BENCHMARKS.md
 """
@@ -35,6 +36,12 @@ def main() -> None:
         text = text.replace(f"<!-- render: {marker} -->", rendered(script, args))
     (HERE.parent / "BENCHMARKS.md").write_text(text)
     print(f"wrote {HERE.parent / 'BENCHMARKS.md'}")
+    readme = HERE.parent / "README.md"
+    summary = rendered("render_summary.py", [])
+    body = re.sub(r"<!-- summary -->.*?<!-- /summary -->", lambda _: f"<!-- summary -->\n{summary}\n<!-- /summary -->",
+                  readme.read_text(), flags=re.DOTALL)
+    readme.write_text(body)
+    print(f"wrote the summary of {readme}")
 
 
 if __name__ == "__main__":

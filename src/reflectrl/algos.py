@@ -31,11 +31,16 @@ from .methods.control_algos import (
     refgrpo_methods,
 )
 from .methods.llm_algos import (
+    GEAR_SEED_DEFAULTS,
     REFGRPO_DEFAULTS,
     RLCR_DEFAULTS,
+    GEARConfig,
+    GearSeedLLMConfig,
     RefGRPOConfig,
     RefGRPOSeedLLMConfig,
     RLCRConfig,
+    gear_llm_parts,
+    gear_seed_llm_methods,
     refgrpo_llm_methods,
     refgrpo_seed_llm_methods,
     rlcr_llm_methods,
@@ -75,6 +80,12 @@ register_algo(Algo("rlcr", "llm", RLCRConfig, lambda cfg: GRPO(cfg, methods=rlcr
 register_algo(Algo("refgrpo-seed", "llm", RefGRPOSeedLLMConfig,
                    lambda cfg: GRPO(cfg, methods=refgrpo_seed_llm_methods(cfg)),
                    "GRPO + calibration bonus from a reflection predictor on hidden states (seed 000, section 6)"))
+register_algo(Algo("gear-seed", "llm", GearSeedLLMConfig, lambda cfg: GRPO(cfg, methods=gear_seed_llm_methods(cfg)),
+                   "GRPO + token advantages reweighted by a value head distilled from group winners (seed 001)",
+                   GEAR_SEED_DEFAULTS))
+register_algo(Algo("gear", "llm", GEARConfig,
+                   lambda cfg: GRPO(cfg, *gear_llm_parts(cfg)),
+                   "GRPO + self-teacher divergence segments modulating the group advantage (arXiv 2605.11853)"))
 
 
 # ----------------------------------------------------------------------------- lookups

@@ -3,7 +3,7 @@ accuracy and calibration with bootstrap CIs), ``curves.png`` and reliability dia
 
 Without ``--model``, each (task, seed) gets one tiny model built by the task's CPU recipe
 (:mod:`reflectrl.llm.recipes`: init-tiny, then a warm-up to a weak-but-nonzero accuracy whose
-demonstrations end with self-reports) in ``OUT/models/{task}/seed_{s}/warmup``, and every method of that
+demonstrations end with self-reports, a quarter of them after the teacher prompt that gear uses) in ``OUT/models/{task}/seed_{s}/warmup``, and every method of that
 seed trains from it: the comparison is paired. Runs live in ``OUT/runs/{task}/{method}/seed_{s}/`` and go
 through the same :func:`~reflectrl.eval.runner.run_one` as ``reflectrl compare`` (skip finished, resume
 interrupted, retry, local pool or Ray); each is evaluated greedily on the held-out split with a reflection
@@ -123,7 +123,7 @@ def build_model(out: Path, task: str, seed: int) -> tuple[str, str | None]:
         shutil.rmtree(warm)
     rc, _, _ = _run_cli(["llm", "warmup", "--model", str(d / "tiny"), "--task", task, "--out", str(warm), *r.warmup,
                          "--stop-at-accuracy", str(r.warmup_target), "--seed", str(seed), "--self-report", "both",
-                         "--no-progress"], log)
+                         "--teacher-share", "0.25", "--no-progress"], log)
     return str(warm), None if rc == 0 else f"warmup exited with status {rc} (log: {log})"
 
 

@@ -54,6 +54,10 @@ class GRPOHook:
         """Change a finished rollout (mix stored rows in, reshape rewards); None keeps it."""
         return None
 
+    def after_prepare(self, trainer: "GRPO", batch: TokenBatch) -> None:
+        """After the no-grad pass, before the advantages (a teacher pass: put per-token tensors into
+        ``batch.extras["step/NAME"]`` and methods read them as ``StepBatch.per_step["NAME"]``)."""
+
     def after_update(self, trainer: "GRPO", batch: TokenBatch) -> None:
         """After the policy step (store trajectories, train a learned part)."""
 
@@ -217,6 +221,8 @@ class GRPO(PolicyUpdate, Trainer):
             batch = h.after_rollout(self, batch) or batch
         if not early:
             self.prepare(batch)
+        for h in self.hooks:
+            h.after_prepare(self, batch)
         t1 = time.perf_counter()
         self.advantages(batch)
         self.apply_methods(batch)
@@ -356,7 +362,21 @@ def step_batch(trainer: GRPO, batch: TokenBatch) -> StepBatch:
                      advantages=batch.advantages, returns=batch.returns, episode_end=end,
                      terminated=end & ~batch.truncated[:, None], next_values=zeros, mask=mask.float(),
                      progress=(trainer.update_idx - 1) / max(trainer.cfg.updates, 1),
-                     group_size=trainer.cfg.group_size, turn_ids=batch.turn_ids, info=episode_info(batch))
+                     group_size=trainer.cfg.group_size, turn_ids=batch.turn_ids, info=episode_info(batch),
+                     per_step=per_step_extras(batch))
+
+
+def per_step_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:
+    """The per-token tensors a method may read (see :attr:`reflectrl.methods.base.StepBatch.per_step`)."""
+    out = {}
+    if batch.old_logp is not None:
+        out["logp"] = batch.old_logp
+    if batch.entropy is not None:
+        out["entropy"] = batch.entropy
+    for k, v in batch.extras.items():
+        if k.startswith("step/") and torch.is_tensor(v):
+            out[k[5:]] = v
+    return out
 
 
 def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:

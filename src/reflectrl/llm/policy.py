@@ -42,6 +42,8 @@ class TokenOutputs:
     logp: Tensor
     entropy: Tensor | None = None
     hidden: Tensor | None = None
+    logprobs: Tensor | None = None
+    """``[rows, steps, vocab]`` next-token log-probabilities (only when asked for: memory-heavy)."""
 
 
 class Policy(nn.Module):
@@ -120,7 +122,7 @@ class Policy(nn.Module):
     # ----------------------------------------------------------------------------- forward
     def forward_batch(self, batch: "TokenBatch", with_entropy: bool = False, with_hidden: bool = False,
                       temperature: float = 1.0, model: nn.Module | None = None,
-                      entropy_grad: bool = False) -> TokenOutputs:
+                      entropy_grad: bool = False, with_logprobs: bool = False) -> TokenOutputs:
         """Log-prob (under ``logits / temperature``) of every response token of ``batch``, aligned to
         ``batch.response_ids``; positions outside the response hold 0. Gradients flow unless called
         under ``torch.no_grad`` (through the entropy only with ``entropy_grad``)."""
@@ -133,7 +135,8 @@ class Policy(nn.Module):
         if temperature != 1.0:
             logits = logits / temperature
         tgt = batch.response_ids.to(self.device)
-        logp = torch.log_softmax(logits, -1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        all_logp = torch.log_softmax(logits, -1)
+        logp = all_logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
         resp = batch.response_attention.to(self.device)
         logp = logp * resp
         ent = None
@@ -141,7 +144,7 @@ class Policy(nn.Module):
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 ent = entropy_from_logits(logits if entropy_grad else logits.detach()) * resp
         hid = out.hidden_states[-1][:, P - 1:P + C - 1] if with_hidden else None
-        return TokenOutputs(logp, ent, hid)
+        return TokenOutputs(logp, ent, hid, all_logp if with_logprobs else None)
 
     @torch.no_grad()
     def ref_logprobs(self, batch: "TokenBatch", temperature: float = 1.0) -> Tensor:

@@ -61,3 +61,21 @@ class TurnView:
             w = spread(sh.weights)
             weights = torch.where(onehot.sum(2) > 0, w, torch.ones_like(w))
         return Shaping(reward_delta=reward, advantage_delta=spread(sh.advantage_delta), weights=weights)
+
+
+class GroupBaselineView:
+    """The token batch with ``values`` set to the group-mean baseline broadcast over each row's tokens (the
+    ``V_orig`` of gear-seed on the LLM when there is no critic): the mean of the rows' total rewards within
+    each group of ``group_size`` rows. Shapings pass through unchanged."""
+
+    def to_view(self, sb: StepBatch) -> StepBatch:
+        mask = sb.mask if sb.mask is not None else torch.ones_like(sb.rewards)
+        score = (sb.rewards * mask).sum(1)
+        g = max(1, sb.group_size)
+        groups = torch.arange(score.shape[0]) // g
+        n = torch.zeros(int(groups.max()) + 1).index_add_(0, groups, torch.ones_like(score))
+        mean = torch.zeros_like(n).index_add_(0, groups, score) / n
+        return dataclasses.replace(sb, values=mean[groups][:, None] * mask)
+
+    def from_view(self, sh: Shaping) -> Shaping:
+        return sh

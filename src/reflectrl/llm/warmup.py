@@ -35,7 +35,9 @@ class WarmupConfig:
     task_options: tuple[str, ...] = ()
     """Task options as KEY=VALUE (as ``--set`` gives them)."""
     out: str = ""
-    """Directory the warmed-up model is written to (Hugging Face format)."""
+    """Directory the warmed-up model is written to (Hugging Face format); one that holds files is refused."""
+    force: bool = False
+    """Replace what ``out`` holds (a model written before, its warmup.json)."""
     steps: int = 500
     """Optimizer steps."""
     batch_size: int = 32
@@ -61,6 +63,9 @@ class WarmupConfig:
     followed by "unsolved" or a low confidence."""
     multi_turn_share: float = 0.5
     """Share of a multi-turn task's demonstrations that play several turns (query, result, answer)."""
+    teacher_share: float = 0.0
+    """Share of the demonstrations given after the task's teacher prompt (the reference answer in context), so the
+    model learns to use a reference and can serve as gear's self-teacher."""
     seed: int = 0
     """Seed of the demonstration order."""
     threads: int = 1
@@ -79,8 +84,8 @@ class WarmupConfig:
             raise ConfigError("eval_every and eval_problems must be >= 1")
         if self.self_report not in ("off", "reflect", "confidence", "both"):
             raise ConfigError(f"self_report must be off, reflect, confidence or both, got {self.self_report!r}")
-        if not (0 <= self.self_report_negatives < 1 and 0 <= self.multi_turn_share <= 1):
-            raise ConfigError("self_report_negatives must be in [0, 1) and multi_turn_share in [0, 1]")
+        if not (0 <= self.self_report_negatives < 1 and 0 <= self.multi_turn_share <= 1 and 0 <= self.teacher_share < 1):
+            raise ConfigError("self_report_negatives and teacher_share must be in [0, 1), multi_turn_share in [0, 1]")
 
 
 REPORTS = {"reflect": ("solved", "unsolved"), "confidence": (("0.6", "0.7", "0.8", "0.9"), ("0.1", "0.2", "0.3", "0.4"))}
@@ -92,7 +97,7 @@ def _tokens(tok: Any, text: str) -> list[int]:
 
 def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_report: str = "off",
                        negatives: float = 0.0, multi_turn_share: float = 0.0,
-                       generator: torch.Generator | None = None) -> list[RowResult]:
+                       generator: torch.Generator | None = None, teacher_share: float = 0.0) -> list[RowResult]:
     """Each problem's demonstration as an episode whose agent turns are trained and whose environment
     replies are context only (masked out of the loss).
 
@@ -102,7 +107,9 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
     of :mod:`reflectrl.tasks.selfreport` and its answer: ``solved`` or a high confidence after the
     reference answer; and ``negatives`` of the episodes put a wrong answer (another problem's, checked to
     score 0) in the context, not in the loss, followed by ``unsolved`` or a low confidence, so that both
-    reports are in the model's vocabulary before RL."""
+    reports are in the model's vocabulary before RL. ``teacher_share`` of the episodes start from the task's
+    teacher prompt (the reference answer in context), so that the policy can serve as its own teacher (gear)."""
+    from ..tasks.base import teacher_prompt
     from ..tasks.selfreport import QUESTIONS
 
     tok = policy.tokenizer
@@ -139,7 +146,8 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
             answer = (neg if negative else pos) if kind == "reflect" else pick(neg if negative else pos)
             segs.append(Segment(_tokens(tok, QUESTIONS[kind]), "env", len(turns) - 1))
             segs.append(Segment(_tokens(tok, answer) + eos, "policy", len(turns)))
-        ids = tok(p.prompt, add_special_tokens=True)["input_ids"]
+        prompt = teacher_prompt(task, p) if teacher_share > 0 and not negative and rand() < teacher_share else p.prompt
+        ids = tok(prompt, add_special_tokens=True)["input_ids"]
         rows.append(RowResult(ids, segs, None, 0.0, False, False, []))
     return rows
 
@@ -149,6 +157,9 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     from .evaluate import evaluate_policy
 
     cfg.validate()
+    from ..runlog import claim_output_dir
+
+    claim_output_dir(cfg.out, "--out", cfg.force, stale=("warmup.json",))
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     task = get_task(cfg.task, **parse_options(cfg.task_options))
@@ -157,7 +168,7 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
         raise ConfigError(f"task {cfg.task!r} has no train problems to demonstrate")
     policy = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     rows = demonstration_rows(policy, task, problems, cfg.self_report, cfg.self_report_negatives,
-                              cfg.multi_turn_share, torch.Generator().manual_seed(cfg.seed + 1))
+                              cfg.multi_turn_share, torch.Generator().manual_seed(cfg.seed + 1), cfg.teacher_share)
     max_new = cfg.max_new_tokens or int(getattr(task, "max_new_tokens", 32))
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)

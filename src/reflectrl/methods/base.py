@@ -56,6 +56,9 @@ class StepBatch:
     """Rows r and s hold trajectories of one group when r // group_size == s // group_size."""
     turn_ids: Tensor | None = None
     """``[R, T]`` turn of each step of a multi-turn LLM episode (-1 on padding); None elsewhere."""
+    per_step: dict[str, Tensor] = field(default_factory=dict)
+    """Per-step extras ``[R, T]`` of the LLM front end a method may read: ``logp`` (the sampled tokens' log-prob
+    under the policy that sampled them), ``entropy``, ``teacher_logp`` (under a teacher pass, when a hook ran one)."""
     info: dict[str, Tensor] = field(default_factory=dict)
     """Per-row facts of the LLM front end's episodes, ``[R]`` floats: ``outcome`` (the reward the task gave),
     ``correct`` (0 / 1), and the self-reports ``reflection`` (1 / 0) and ``confidence`` (q), NaN when missing."""

@@ -13,6 +13,8 @@ from typing import Any, Literal
 from ..llm.config import GRPOConfig
 from ..trainer import check_all
 from .base import MethodRunner
+from .gear import GEAR, GEAROptions
+from .gear_seed import GearSeed, GearSeedOptions
 from .refgrpo import RefGRPO, RefGRPOOptions
 from .refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
 from .rlcr import RLCR, RLCROptions
@@ -55,6 +57,54 @@ class RefGRPOSeedLLMConfig(RefGRPOSeedOptions, GRPOConfig):
     def validate(self) -> None:
         GRPOConfig.validate(self)
         check_all(self.validate_refgrpo())
+
+
+@dataclass
+class GearSeedLLMConfig(GearSeedOptions, GRPOConfig):
+    """gear-seed on the LLM (seed 001, section 4): a distilled value head on the policy's last hidden state,
+    trained on the top-K completions of each group; omega = exp((V_d - V_orig) / tau) reweights the group
+    advantage token by token."""
+
+    gear_v_orig: Literal["group_mean", "critic"] = "group_mean"
+    """V_orig: the group-mean baseline broadcast over tokens, or the critic of --adv-estimator gae."""
+
+    def validate(self) -> None:
+        GRPOConfig.validate(self)
+        check_all(self.validate_gear() + [
+            (self.gear_v_orig != "critic" or self.adv_estimator == "gae", "--gear-v-orig critic needs --adv-estimator gae")])
+
+
+@dataclass
+class GEARConfig(GEAROptions, GRPOConfig):
+    """gear (arXiv 2605.11853): the policy with the reference answer in context is a teacher; divergence spikes
+    become adaptive segments whose weights modulate the group advantage (docs/methods.md)."""
+
+    def validate(self) -> None:
+        GRPOConfig.validate(self)
+        check_all(self.validate_gear_paper())
+
+
+GEAR_SEED_DEFAULTS: dict[str, Any] = {"group_size": 4, "gear_distill_hidden": (), "gear_distill_target": "terminal",
+                                      "gamma": 1.0}
+
+
+def gear_seed_llm_methods(cfg: GearSeedLLMConfig):
+    """gear-seed's runner, built once the policy is loaded (V_d reads its hidden size)."""
+
+    def build(trainer: Any) -> list[MethodRunner]:
+        from ..llm.turns import GroupBaselineView
+
+        method = GearSeed(trainer.policy.hidden_size, cfg.rows, cfg.group_size, cfg.gamma, cfg, method_seed(cfg.seed, 12))
+        return [MethodRunner(method, view=GroupBaselineView() if cfg.gear_v_orig == "group_mean" else None)]
+
+    return build
+
+
+def gear_llm_parts(cfg: GEARConfig) -> tuple[list[Any], list[MethodRunner]]:
+    """gear's teacher pass (a trainer hook) and its method runner."""
+    from ..llm.teacher import TeacherPass
+
+    return [TeacherPass(kl=cfg.gear_divergence == "kl")], [MethodRunner(GEAR(cfg))]
 
 
 REFGRPO_DEFAULTS: dict[str, Any] = {"self_report": "reflect", "clip_high": 0.28,

@@ -1,0 +1,66 @@
+"""The self-teacher pass of gear: the policy itself, with the reference answer in its context, scores the
+tokens the student sampled. One batched no-grad forward over the sampled completions after the teacher's
+prompts (:meth:`~reflectrl.llm.batch.TokenBatch.with_prompts` keeps the responses, so its log-probs align
+token by token), in chunks; with ``kl`` a second no-grad forward of the student gives the full
+``KL(pi || pi_T)`` per token."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..tasks.base import teacher_prompt
+from .batch import TokenBatch
+from .grpo import GRPOHook
+
+
+class TeacherPass(GRPOHook):
+    """Puts ``teacher_logp`` (and ``teacher_kl``) into ``batch.extras["step/..."]`` for gear."""
+
+    needs = ("old_logp", "entropy")
+
+    def __init__(self, kl: bool = False, chunk_rows: int | None = None):
+        self.kl, self.chunk_rows = kl, chunk_rows
+        self._cache: dict[str, list[int]] = {}
+        self.seconds = 0.0
+
+    def prompts(self, trainer: Any, batch: TokenBatch) -> list[list[int]]:
+        """Token ids of each row's teacher prompt: the task's prompt with the reference answer in context."""
+        tok, task = trainer.policy.tokenizer, trainer.task
+        out = []
+        for p in batch.problems:
+            if p.id not in self._cache:
+                self._cache[p.id] = tok(teacher_prompt(getattr(task, "task", task), p), add_special_tokens=True)["input_ids"]
+            out.append(self._cache[p.id])
+        return out
+
+    @torch.no_grad()
+    def after_prepare(self, trainer: Any, batch: TokenBatch) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        pol, cfg = trainer.policy, trainer.cfg
+        teach = batch.with_prompts(self.prompts(trainer, batch), pol.pad_id)
+        step = self.chunk_rows or max(1, math.ceil(batch.rows / cfg.grad_accum))
+        logp, kl = [], []
+        was = pol.training
+        pol.eval()
+        for s in range(0, batch.rows, step):
+            rows = range(s, min(s + step, batch.rows))
+            t_out = pol.forward_batch(teach.select(rows, trim=False), temperature=cfg.temperature, with_logprobs=self.kl)
+            logp.append(t_out.logp.cpu())
+            if self.kl:
+                s_out = pol.forward_batch(batch.select(rows, trim=False), temperature=cfg.temperature, with_logprobs=True)
+                p_s = s_out.logprobs.exp()
+                kl.append((p_s * (s_out.logprobs - t_out.logprobs)).sum(-1).cpu() * batch.response_attention[rows])
+        pol.train(was)
+        mask = batch.completion_mask.float()
+        batch.extras["step/teacher_logp"] = torch.cat(logp)[:, :batch.steps] * mask
+        if self.kl:
+            batch.extras["step/teacher_kl"] = torch.cat(kl)[:, :batch.steps] * mask
+        self.seconds = time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {"time/teacher_pass": self.seconds}

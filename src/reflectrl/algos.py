@@ -31,14 +31,19 @@ from .methods.control_algos import (
     refgrpo_methods,
 )
 from .methods.llm_algos import (
+    EXGRPO_DEFAULTS,
     GEAR_SEED_DEFAULTS,
     REFGRPO_DEFAULTS,
     RLCR_DEFAULTS,
+    ExGRPOConfig,
+    ExGRPOSeedLLMConfig,
     GEARConfig,
     GearSeedLLMConfig,
     RefGRPOConfig,
     RefGRPOSeedLLMConfig,
     RLCRConfig,
+    exgrpo_llm_hooks,
+    exgrpo_seed_llm_methods,
     gear_llm_parts,
     gear_seed_llm_methods,
     refgrpo_llm_methods,
@@ -86,6 +91,11 @@ register_algo(Algo("gear-seed", "llm", GearSeedLLMConfig, lambda cfg: GRPO(cfg, 
 register_algo(Algo("gear", "llm", GEARConfig,
                    lambda cfg: GRPO(cfg, *gear_llm_parts(cfg)),
                    "GRPO + self-teacher divergence segments modulating the group advantage (arXiv 2605.11853)"))
+register_algo(Algo("exgrpo", "llm", ExGRPOConfig, lambda cfg: GRPO(cfg, hooks=exgrpo_llm_hooks(cfg)),
+                   "Dr.GRPO + replay of successful trajectories of partially solved questions (arXiv 2510.02245)",
+                   EXGRPO_DEFAULTS))
+register_algo(Algo("exgrpo-seed", "llm", ExGRPOSeedLLMConfig, lambda cfg: GRPO(cfg, methods=exgrpo_seed_llm_methods(cfg)),
+                   "GRPO + trajectory reflection term from a prioritized reflection memory on hidden states (seed 003)"))
 
 
 # ----------------------------------------------------------------------------- lookups

@@ -20,9 +20,11 @@ from .losses import (
     entropy_from_logits,
     explained_variance,
     get_policy_loss,
+    mixed_policy_loss,
     policy_loss_names,
     ppo_policy_loss,
     register_policy_loss,
+    shaped_ratio,
     value_loss,
 )
 from .masked import LOSS_AGG_MODES, agg_loss, masked_mean, masked_sum, masked_var, masked_whiten
@@ -34,6 +36,6 @@ __all__ = [
     "clipped_policy_loss", "discounted_cumsum", "discounted_returns", "drgrpo_advantage", "entropy_from_logits",
     "explained_variance", "gae", "gae_advantage", "get_adv_est", "get_policy_loss", "group_advantages",
     "grpo_advantage", "list_registered", "masked_gae", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "next_values_from", "policy_loss_names", "ppo_policy_loss", "register_adv_est", "register_policy_loss",
-    "returns_to_go", "value_loss",
+    "mixed_policy_loss", "next_values_from", "policy_loss_names", "ppo_policy_loss", "register_adv_est", "register_policy_loss",
+    "returns_to_go", "shaped_ratio", "value_loss",
 ]

@@ -156,3 +156,49 @@ def explained_variance(pred: Tensor, target: Tensor) -> float:
     if var_y == 0:
         return float("nan")
     return float(1.0 - (target - pred).var() / var_y)
+
+
+def shaped_ratio(w: Tensor, beta: float = 0.1) -> Tensor:
+    """ExGRPO's policy shaping of an off-policy ratio: ``f(w) = w / (w + beta)``, increasing and bounded by 1
+    (it damps the gradient of large ratios instead of clipping them)."""
+    return w / (w + beta)
+
+
+@register_policy_loss("exgrpo")
+def mixed_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor | None,
+                      loss_agg_mode: str = "token-mean", config: PolicyLossConfig | None = None,
+                      offpolicy: Tensor | None = None, stored_logp: Tensor | None = None,
+                      **kwargs: object) -> tuple[Tensor, dict[str, Tensor]]:
+    """ExGRPO's mixed objective on one batch: fresh tokens take the clipped loss; tokens of replayed stored
+    trajectories (``offpolicy`` [R, T] = 1) take ``-A * f(w)`` with ``w = exp(logp - stored_logp)`` against the
+    log-probs they were sampled with, unclipped (arXiv 2510.02245). Aggregated as ``loss_agg_mode``."""
+    c = config or PolicyLossConfig()
+    clip_high = c.clip_ratio_low if c.clip_ratio_high is None else c.clip_ratio_high
+    log_ratio = log_prob - old_log_prob
+    if c.log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-c.log_ratio_clamp, c.log_ratio_clamp)
+    ratio = log_ratio.exp()
+    clipped = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1.0 - c.clip_ratio_low, 1.0 + clip_high))
+    per_step = clipped
+    stats: dict[str, Tensor] = {}
+    m = None if response_mask is None else response_mask.to(ratio.dtype)
+    if offpolicy is not None and stored_logp is not None:
+        off = offpolicy.to(ratio.dtype)
+        w = torch.exp((log_prob - stored_logp).clamp(-20.0, 20.0))
+        per_step = torch.where(off > 0, -advantages * shaped_ratio(w), clipped)
+        with torch.no_grad():
+            mo = off if m is None else off * m
+            mf = (1.0 - off) if m is None else (1.0 - off) * m
+            stats["stored_ratio"] = masked_mean(w.detach(), mo)
+            stats["fresh_ratio"] = masked_mean(ratio.detach(), mf)
+            stats["stored_share"] = masked_mean(off, m)
+    loss = agg_loss(per_step, response_mask, loss_agg_mode, c.norm_len)
+    with torch.no_grad():
+        fresh = m if offpolicy is None else ((1.0 - offpolicy.to(ratio.dtype)) * (m if m is not None else 1.0))
+        outside = (ratio < 1.0 - c.clip_ratio_low) | (ratio > 1.0 + clip_high)
+        binding = ((ratio < 1.0 - c.clip_ratio_low) & (advantages < 0)) | ((ratio > 1.0 + clip_high) & (advantages > 0))
+        stats.update({"clipfrac": masked_mean(outside.to(ratio.dtype), fresh),
+                      "clip_binding_frac": masked_mean(binding.to(ratio.dtype), fresh),
+                      "approx_kl": masked_mean((ratio - 1) - log_ratio, fresh),
+                      "old_approx_kl": masked_mean(-log_ratio, fresh)})
+    return loss, stats

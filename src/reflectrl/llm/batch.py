@@ -162,7 +162,7 @@ class TokenBatch:
                 kw[f.name] = [x for v in vals for x in v] if all(len(v) == b.rows for v, b in zip(vals, batches)) else []
             elif f.name == "extras":
                 keys = set.intersection(*(set(v) for v in vals))
-                kw[f.name] = {k: _cat_any([v[k] for v in vals]) for k in keys}
+                kw[f.name] = {k: _cat_any([v[k] for v in vals], C) for k in keys}
             elif f.name == "hidden":
                 kw[f.name] = None
             elif any(v is None for v in vals):
@@ -275,8 +275,14 @@ def _pad_to(x: Tensor, width: int, fill, left: bool = False) -> Tensor:
     return torch.cat([pad, x] if left else [x, pad], 1)
 
 
-def _cat_any(vals: list) -> Any:
-    return torch.cat(vals) if torch.is_tensor(vals[0]) else [x for v in vals for x in v]
+def _cat_any(vals: list, width: int) -> Any:
+    """Row-wise concatenation of an extras entry: per-token tensors ``[R, steps, ...]`` are right-padded with 0 to
+    ``width`` first (per-row tensors ``[R]`` and lists are joined as they are)."""
+    if not torch.is_tensor(vals[0]):
+        return [x for v in vals for x in v]
+    if vals[0].dim() >= 2:
+        vals = [_pad_to(v, width, 0) for v in vals]
+    return torch.cat(vals)
 
 
 def build_batch(rows: Sequence[RowResult], index: Sequence[int], problems: list[Problem], pad_id: int) -> TokenBatch:

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from ..cliutil import run_command
+from ..cliutil import check_device, check_seed, run_command
 from ..errors import ConfigError
 
 USAGE = """usage: reflectrl llm COMMAND [ARGS]
@@ -22,7 +22,8 @@ commands:
   compare    methods x tasks x seeds from shared tiny models: report.md, curves.png, reliability diagrams
 """
 
-TRAIN_HEADER = """usage: reflectrl llm train [--algo {algos}] [--resume RUN_DIR] --task TASK [--set KEY=VALUE ...] --model PATH [FLAGS]
+TRAIN_HEADER = """usage: reflectrl llm train [--algo {algos}] [--resume RUN_DIR] --task TASK [--set KEY=VALUE ...] \
+--model PATH [FLAGS]
 
 Train a causal LM by RL on a verifiable task. --algo applies a variant's defaults (grpo: mean/std
 group advantages, seq-mean-token-mean; drgrpo: mean-centred, seq-mean-token-sum-norm; dapo:
@@ -43,8 +44,10 @@ def cmd_init_tiny(argv: list[str]) -> int:
     ap.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     ap.add_argument("--max-positions", type=int, default=1024, help="longest sequence (default 1024)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random init (default 0)")
+    ap.add_argument("--force", action="store_true", help="replace the model in OUT_DIR if it holds one")
     a = ap.parse_args(argv)
-    out = init_tiny(a.out_dir, a.arch, a.layers, a.width, a.heads, a.max_positions, a.seed)
+    check_seed(a.seed)
+    out = init_tiny(a.out_dir, a.arch, a.layers, a.width, a.heads, a.max_positions, a.seed, force=a.force)
     print(json.dumps({"out": str(out), **json.loads((out / "reflectrl_tiny.json").read_text())}))
     return 0
 
@@ -55,6 +58,8 @@ def cmd_warmup(argv: list[str]) -> int:
     from .warmup import WarmupConfig, warmup
 
     cfg = tyro.cli(WarmupConfig, args=argv, prog="reflectrl llm warmup")
+    check_seed(cfg.seed)
+    check_device(cfg.device)
     print(json.dumps({k: v for k, v in warmup(cfg).items() if k != "config"}))
     return 0
 
@@ -72,6 +77,7 @@ def cmd_train(argv: list[str]) -> int:
 
     from ..algos import algo_names, get_algo
     from ..cliutil import print_json, resume_from_cli
+    from ..runlog import ensure_writable_dir
     from ..tasks.base import parse_options
 
     front, rest = _train_front(argv)
@@ -86,6 +92,9 @@ def cmd_train(argv: list[str]) -> int:
         parse_options(front.set)  # one clear error for a malformed KEY=VALUE
         default = algo.config(task_options=tuple(front.set))
         cfg = tyro.cli(type(default), args=rest, default=default, prog=f"reflectrl llm train --algo {algo.name}")
+        check_device(cfg.device)
+        if cfg.run_dir:
+            ensure_writable_dir(cfg.run_dir, "--run-dir", create=False)
         trainer = algo.make(cfg)
     print_json(trainer.learn())
     return 0
@@ -121,6 +130,8 @@ def cmd_eval(argv: list[str]) -> int:
         raise ConfigError("--samples must be >= 0, --limit >= 1 and --confidence in (0, 1)")
     if a.samples and a.temperature <= 0:
         raise ConfigError("--samples needs --temperature > 0")
+    check_seed(a.seed)
+    check_device(a.device)
     res = evaluate(a.model_or_run_dir, a.task, a.split, a.samples, n=a.n, temperature=a.temperature, limit=a.limit,
                    max_new_tokens=a.max_new_tokens, max_turns=a.max_turns, confidence=a.confidence, seed=a.seed,
                    self_report=a.self_report, task_options=None if a.set is None else tuple(a.set),

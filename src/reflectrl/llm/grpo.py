@@ -54,6 +54,10 @@ class GRPOHook:
         """Change a finished rollout (mix stored rows in, reshape rewards); None keeps it."""
         return None
 
+    def group_sizes(self, trainer: "GRPO", problems: list[Problem]) -> list[int] | None:
+        """Samples per problem of the next rollout (None: ``group_size`` each)."""
+        return None
+
     def after_prepare(self, trainer: "GRPO", batch: TokenBatch) -> None:
         """After the no-grad pass, before the advantages (a teacher pass: put per-token tensors into
         ``batch.extras["step/NAME"]`` and methods read them as ``StepBatch.per_step["NAME"]``)."""
@@ -103,6 +107,7 @@ class GRPO(PolicyUpdate, Trainer):
         self.train_problems: list[Problem] = list(self.task.problems("train"))
         if not self.train_problems:
             raise ConfigError(f"task {cfg.task!r} has no train problems")
+        self.problems_by_id = {p.id: p for p in self.train_problems}
         self.policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                   lora_dropout=cfg.lora_dropout, ref=cfg.kl_coef > 0 or "ref_logp" in self.needs,
                                   dtype=cfg.dtype, device=cfg.device)
@@ -205,7 +210,8 @@ class GRPO(PolicyUpdate, Trainer):
         t0 = time.perf_counter()
         chosen = [p for h in self.hooks if (p := h.select_problems(self, cfg.prompts_per_update)) is not None]
         problems = chosen[0] if chosen else self.next_problems(cfg.prompts_per_update)
-        pending = self.rollout.start(problems, cfg.group_size, self.gen,
+        sizes = [s for h in self.hooks if (s := h.group_sizes(self, problems)) is not None]
+        pending = self.rollout.start(problems, sizes[0] if sizes else cfg.group_size, self.gen,
                                      index_offset=(self.update_idx - 1) * cfg.prompts_per_update)
         t_gen = time.perf_counter()
         # The no-grad pass needs only the tokens: run it while the last chunk's rewards are computed,
@@ -226,7 +232,10 @@ class GRPO(PolicyUpdate, Trainer):
         t1 = time.perf_counter()
         self.advantages(batch)
         self.apply_methods(batch)
-        rec = {"update": self.update_idx, "global_step": self.global_step, **self.reward_metrics(batch)}
+        off = batch.extras.get("loss/offpolicy")
+        fresh = batch if off is None or not bool(off.any()) else batch.select((off.sum(1) == 0).nonzero().squeeze(1),
+                                                                           trim=False)
+        rec = {"update": self.update_idx, "global_step": self.global_step, **self.reward_metrics(fresh)}
         batch.extras["row_id"] = torch.arange(batch.rows)
         self._batch_shape = (batch.rows, batch.steps)
         train = batch

@@ -168,7 +168,7 @@ class Rollout:
         """``group_size`` episodes of each problem; rows ``g*i .. g*i+g-1`` form group ``index_offset + i``."""
         return self.start(problems, group_size, generator, greedy, index_offset).finish()
 
-    def start(self, problems: Sequence[Problem], group_size: int, generator: torch.Generator,
+    def start(self, problems: Sequence[Problem], group_size: int | Sequence[int], generator: torch.Generator,
               greedy: bool = False, index_offset: int = 0) -> "PendingRollout":
         """Generate every turn, but do not wait for the last turn's rewards: the returned
         :class:`PendingRollout` holds the batch (its tokens and masks are final, its rewards not yet
@@ -177,7 +177,8 @@ class Rollout:
         stats = RolloutStats()
         if not self.reward_cache_size:
             self._cache.clear()  # duplicates within one rollout are still scored once
-        rows = [_Row(p, self._make_env()) for p in problems for _ in range(group_size)]
+        sizes = [group_size] * len(problems) if isinstance(group_size, int) else [int(g) for g in group_size]
+        rows = [_Row(p, self._make_env()) for p, g in zip(problems, sizes) for _ in range(g)]
         if self.multi_turn:  # env resets may do real work (build a database): run them on the pool
             texts = self._wait([self._submit(r.env.reset, r.problem) for r in rows], stats)
         else:
@@ -198,7 +199,7 @@ class Rollout:
                 last = (pending, turn)
                 break
             self._apply(pending, turn, self._wait([p[-1] for p in pending], stats, timed=True))
-        index = [index_offset + i // group_size for i in range(len(rows))]
+        index = [index_offset + i for i, g in enumerate(sizes) for _ in range(g)]
         return PendingRollout(self, rows, index, stats, last)
 
     def _results(self, rows: list[_Row], index: list[int]) -> TokenBatch:

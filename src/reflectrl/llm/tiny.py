@@ -55,18 +55,18 @@ def tiny_config(vocab_size: int, arch: str = "llama", layers: int = 2, width: in
 
 
 def init_tiny(out_dir: str | Path, arch: str = "llama", layers: int = 2, width: int = 64, heads: int = 4,
-              max_positions: int = 1024, seed: int = 0, charset: str = CHARSET) -> Path:
-    """Write a random-init tiny causal LM and its character tokenizer to ``out_dir``; return the path."""
+              max_positions: int = 1024, seed: int = 0, charset: str = CHARSET, force: bool = False) -> Path:
+    """Write a random-init tiny causal LM and its character tokenizer to ``out_dir``; return the path.
+    A directory that holds files is refused unless ``force`` (which also removes a ``warmup.json`` that
+    would describe the model replaced)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from ..runlog import claim_output_dir
     from .policy import quiet_transformers
 
     quiet_transformers()
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        if not (out / "config.json").exists():
-            raise ConfigError(f"{out} exists and is not empty; choose a new directory for the tiny model")
+    out = claim_output_dir(out_dir, "output directory", force, stale=("warmup.json",))
     tok = char_tokenizer(charset)
     cfg = tiny_config(len(tok), arch, layers, width, heads, max_positions)
     saved_rng = torch.random.get_rng_state()

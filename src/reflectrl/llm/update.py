@@ -48,7 +48,8 @@ class PolicyUpdate:
         if counts.numel() == mb.rows:
             return mb, None
         first = torch.full((counts.numel(),), mb.rows).scatter_reduce(0, inv, torch.arange(mb.rows), "amin")
-        for t in (mb.advantages, mb.weights):
+        loss_inputs = [v for k, v in mb.extras.items() if k.startswith("loss/") and torch.is_tensor(v)]
+        for t in (mb.advantages, mb.weights, *loss_inputs):
             if t is not None and not torch.equal(t, t[first][inv]):
                 return mb, None
         order = first.argsort()
@@ -79,7 +80,7 @@ class PolicyUpdate:
             return agg_loss(x * row_w, m_loss, cfg.loss_agg_mode, cfg.norm_len) * scale
 
         loss_fn, lc = get_policy_loss(cfg.policy_loss), self.loss_config()
-        kw = {k: v[:, :mb.steps].to(dev) for k, v in mb.extras.items() if k.startswith("loss/")}
+        kw = {k[5:]: v[:, :mb.steps].to(dev) for k, v in mb.extras.items() if k.startswith("loss/")}
         loss, st = loss_fn(old, out.logp, adv * row_w, m_loss, cfg.loss_agg_mode, lc, **kw)
         loss = loss * scale
         if counts is not None and not token_mean:  # token-weighted diagnostics

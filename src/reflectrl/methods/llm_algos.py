@@ -13,6 +13,8 @@ from typing import Any, Literal
 from ..llm.config import GRPOConfig
 from ..trainer import check_all
 from .base import MethodRunner
+from .exgrpo import ExGRPO, ExGRPOOptions
+from .exgrpo_seed import ExGRPOSeed, ExGRPOSeedOptions
 from .gear import GEAR, GEAROptions
 from .gear_seed import GearSeed, GearSeedOptions
 from .refgrpo import RefGRPO, RefGRPOOptions
@@ -105,6 +107,47 @@ def gear_llm_parts(cfg: GEARConfig) -> tuple[list[Any], list[MethodRunner]]:
     from ..llm.teacher import TeacherPass
 
     return [TeacherPass(kl=cfg.gear_divergence == "kl")], [MethodRunner(GEAR(cfg))]
+
+
+@dataclass
+class ExGRPOConfig(ExGRPOOptions, GRPOConfig):
+    """exgrpo (arXiv 2510.02245): Dr.GRPO with replay of the model's own successful trajectories of partially solved
+    questions (docs/methods.md)."""
+
+    def validate(self) -> None:
+        GRPOConfig.validate(self)
+        check_all(self.validate_exgrpo_paper()
+                  + [(self.policy_loss == "exgrpo", "exgrpo needs --policy-loss exgrpo (stored tokens take the shaped ratio)")])
+
+
+@dataclass
+class ExGRPOSeedLLMConfig(ExGRPOSeedOptions, GRPOConfig):
+    """exgrpo-seed on the LLM (seed 003): a reflection memory of whole completions (their mean-pooled hidden
+    states), a reflection network in [-1, 1] trained on their return ranks, and R + lambda * r_refl."""
+
+    def budget_schedules(self) -> list[str]:
+        return GRPOConfig.budget_schedules(self) + self.budget_exgrpo()
+
+    def validate(self) -> None:
+        GRPOConfig.validate(self)
+        check_all(self.validate_exgrpo())
+
+
+EXGRPO_DEFAULTS: dict[str, Any] = {"adv_estimator": "drgrpo", "loss_agg_mode": "seq-mean-token-sum-norm",
+                                   "entropy_coef": 0.001, "kl_coef": 0.0, "policy_loss": "exgrpo", "group_size": 8}
+
+
+def exgrpo_llm_hooks(cfg: ExGRPOConfig) -> list[Any]:
+    return [ExGRPO(cfg, method_seed(cfg.seed, 13))]
+
+
+def exgrpo_seed_llm_methods(cfg: ExGRPOSeedLLMConfig):
+    """exgrpo-seed's runner, built once the policy is loaded (the reflection network reads its hidden size)."""
+
+    def build(trainer: Any) -> list[MethodRunner]:
+        return [MethodRunner(ExGRPOSeed(trainer.policy.hidden_size, cfg.rows, cfg, method_seed(cfg.seed, 14)))]
+
+    return build
 
 
 REFGRPO_DEFAULTS: dict[str, Any] = {"self_report": "reflect", "clip_high": 0.28,

@@ -127,8 +127,9 @@ def test_exgrpo_resume_equals_uninterrupted_with_a_buffer(warm_dir, tmp_path):
 
 def test_exgrpo_seed_llm_resume(tiny_dir, tmp_path):
     a = get_algo("llm", "exgrpo-seed")
-    a.make(_cfg(tiny_dir, tmp_path, "full", algo="exgrpo-seed", refl_min_memory=4)).learn()
-    a.make(_cfg(tiny_dir, tmp_path, "cut", algo="exgrpo-seed", updates=2, refl_min_memory=4)).learn()
+    kw = dict(algo="exgrpo-seed", refl_min_memory=4, refl_coef_ramp=0.0)  # a flat coefficient: no schedule follows the budget
+    a.make(_cfg(tiny_dir, tmp_path, "full", **kw)).learn()
+    a.make(_cfg(tiny_dir, tmp_path, "cut", updates=2, **kw)).learn()
     resume(tmp_path / "cut", 4).learn()
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k} for r in rs]
     full = strip(read_metrics(tmp_path / "full" / "metrics.jsonl"))

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench-speed docs clean
+.PHONY: demo test test-slow bench-speed docs clean sandbox-backend
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -13,13 +13,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,llm,ray]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The sandbox's strongest backend is bubblewrap (docs/sandbox.md): installed here where we may (root with
+# apt-get); otherwise one line says what it would add. Without it the sandbox uses unshare or plain rlimits.
+sandbox-backend:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u 2>/dev/null)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing bubblewrap (apt-get install bubblewrap): the sandbox's strongest backend"; \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
+	    || echo "note: installing bubblewrap failed; the sandbox uses unshare or plain rlimits"; \
+	else \
+	  echo "note: bubblewrap not found: the sandbox uses unshare (or only rlimits where namespaces are refused); bwrap adds a private /dev and sandboxes that die with their parent (sudo apt-get install bubblewrap)"; \
+	fi
+
+demo: $(STAMP) sandbox-backend
 	$(BIN)/reflectrl demo
 
-test: $(STAMP)
+test: $(STAMP) sandbox-backend
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) sandbox-backend
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m slow
 
 bench-speed: $(STAMP)

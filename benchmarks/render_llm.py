@@ -103,27 +103,47 @@ def throughput_table() -> str:
             f"{r['timed_steps']} timed steps per round, transformers {r['transformers_version']}."])
 
 
+def _reward_rows(r: dict, before: dict | None = None) -> list[str]:
+    """The table of one reward_overlap result: per backend and mode (and the earlier code's row, if given)."""
+    per_backend = r.get("backends", {"bwrap": r})  # results before the per-backend runs measured bwrap only
+    rows = ["| sandbox backend | sandbox use | reward-wait share of a step (per round) | s per step | "
+            "reward threads' s per step |", "|---|---|---|---|---|"]
+    runs = []
+    for backend, res in per_backend.items():
+        batch = (f"batches of {r['sandbox_batch']}, kept runners, old log-probs during the wait"
+                 if backend != "none" else f"chunks of {r['gen_batch']} scored per call, one sandbox per job "
+                 "(no batch mode without a PID namespace)")
+        runs += [(backend, res, "per_job", "one sandbox per completion"), (backend, res, "batch", batch)]
+    if before is not None:  # the same benchmark before kept runners and the early old-log-prob pass
+        runs.append(("bwrap", before, "batch", "batches of 16, one launch per batch, old log-probs after the wait "
+                     "(earlier code, another run)"))
+    for backend, res, key, label in runs:
+        if key not in res:
+            continue
+        x = res[key]
+        rows.append(f"| {backend} | {label} | {100 * x['reward_wait_fraction']:.1f}% "
+                    f"({', '.join(f'{100 * v:.1f}%' for v in x['rounds_wait_fraction'])}) | {x['step_s']:.2f} | "
+                    f"{x['reward_cpu_s_per_step']:.2f} |")
+    skipped = "".join(f" Not run ({name} unavailable): {why}." for name, why in r.get("unavailable", {}).items())
+    low, high = r.get("load_average_1min", (None, None))
+    load = "" if low is None else f", 1-minute load average {low:.1f}-{high:.1f} between runs"
+    return rows + ["", f"{r['rounds']} rounds of {r['updates']} GRPO updates per row, in one loop whose order "
+                   f"rotates every round, {r['rows_per_update']} completions per update in chunks of "
+                   f"{r['gen_batch']}, from `{r['model']}`, {r['cpus']} CPUs{load}.{skipped}"]
+
+
 def reward_table() -> str:
+    """reward_overlap.json (with the earlier code's row), then each reward_overlap_run*.json: further runs
+    of the same command on the same machine, at other times."""
     path = RES / "reward_overlap.json"
     if not path.exists():
         return "(no reward_overlap result)"
-    r = json.loads(path.read_text())
-    rows = ["| sandbox use | reward-wait share of a step (per round) | s per step | reward threads' s per step |",
-            "|---|---|---|---|"]
-    runs = [(r, "per_job", "one sandbox per completion"),
-            (r, "batch", f"batches of {r['sandbox_batch']}, kept runners, old log-probs during the wait")]
     before = RES / "reward_overlap_before.json"
-    if before.exists():  # the same benchmark before kept runners and the early old-log-prob pass
-        runs.append((json.loads(before.read_text()), "batch", "batches of 16, one launch per batch, "
-                     "old log-probs after the wait (earlier code)"))
-    for res, key, label in runs:
-        x = res[key]
-        rows.append(f"| {label} | {100 * x['reward_wait_fraction']:.1f}% "
-                    f"({', '.join(f'{100 * v:.1f}%' for v in x['rounds_wait_fraction'])}) | {x['step_s']:.2f} | "
-                    f"{x['reward_cpu_s_per_step']:.2f} |")
-    return "\n".join(rows) + (f"\n\n{r['rounds']} alternating rounds of {r['updates']} GRPO updates each, "
-                               f"{r['rows_per_update']} completions per update in chunks of {r['gen_batch']}, "
-                               f"from `{r['model']}`, {r['cpus']} CPUs.")
+    out = _reward_rows(json.loads(path.read_text()), json.loads(before.read_text()) if before.exists() else None)
+    for extra in sorted(RES.glob("reward_overlap_run*.json")):
+        out += ["", f"Another run of the same command ({extra.name}):", ""]
+        out += _reward_rows(json.loads(extra.read_text()))
+    return "\n".join(out)
 
 
 def main() -> None:

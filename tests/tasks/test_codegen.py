@@ -11,7 +11,7 @@ from reflectrl.tasks.base import Problem, get_task
 from reflectrl.tasks.codegen import FAMILIES, MAX_COMPLETION_CHARS, CodegenTask, assemble, body_lines
 from reflectrl.tasks.humaneval import N_PROBLEMS, HumanEvalTask, load_rows, split_tests
 
-pytestmark = [pytest.mark.filterwarnings("ignore::reflectrl.tasks.sandbox.SandboxWarning"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.filterwarnings("ignore::reflectrl.sandbox.SandboxWarning"), pytest.mark.timeout(120)]
 
 PROMPT = "# add 7 to x\ndef f(x):\n"
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
 
-from .sandbox import BACKENDS, SandboxError, run_tests, sandbox_backend, sandbox_capabilities
+from .backends import sandbox_backend, sandbox_capabilities
+from .base import BACKENDS, SandboxError
+from .cost import verdict_cost
+from .run import run_tests
 
 
 class _UsageError(Exception):
@@ -34,7 +38,7 @@ def _positive(kind):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-        if not value > 0 or value != value or value == float("inf"):
+        if not (value > 0 and math.isfinite(value)):
             raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
         return value
 
@@ -53,7 +57,8 @@ def _parser() -> _Parser:
     run.add_argument("--memory-mb", type=_positive(int), default=512, metavar="M",
                      help="address-space limit in MiB (default 512)")
     run.add_argument("--backend", choices=("auto", *BACKENDS), default=None, help="force an isolation backend")
-    caps = sub.add_parser("capabilities", help="print the protections in force as JSON")
+    caps = sub.add_parser("capabilities", help="print the protections in force and the measured cost of a "
+                                                  "verdict as JSON")
     caps.add_argument("--backend", choices=("auto", *BACKENDS), default=None, help="inspect a given backend")
     return ap
 
@@ -80,10 +85,21 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _capabilities(args: argparse.Namespace) -> int:
-    """Print the backend and the protections in force."""
+    """Print the backend, the protections in force and the measured cost of a verdict."""
     report = {"backend": sandbox_backend(args.backend), "protections": sandbox_capabilities(args.backend)}
+    cost = verdict_cost(args.backend)
+    report["cost_per_verdict"] = {**cost, "measured": cost_label(cost)}
     print(json.dumps(report))
     return 0
+
+
+def cost_label(cost: dict) -> str:
+    """What the cost figures of ``verdict_cost`` are, in one sentence."""
+    n = cost["verdicts"]
+    how = "in one batch on a kept runner" if cost["batch_mode"] else "one sandbox each, as this backend cannot batch"
+    return (f"milliseconds per verdict of trivial jobs, measured just now on this machine: {n['batched']} through "
+            f"SandboxPool.map_batched ({how}; batched_ms) and {n['one_per_sandbox']} through run_tests (one sandbox "
+            "each; one_per_sandbox_ms); rough figures that depend on the backend, the machine and its load")
 
 
 def main(argv: list[str] | None = None) -> int:

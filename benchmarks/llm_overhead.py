@@ -1,0 +1,104 @@
+"""CPU cost of each LLM method per token against its baseline, same model and settings, alternating in one run.
+
+    python benchmarks/llm_overhead.py --model runs/cmp_llm/arith13/models/arith/seed_1/warmup --updates 20 \
+        --rounds 3 --json-out benchmarks/results/llm_overhead.json
+
+Each round trains every method and its baseline (grpo; drgrpo for exgrpo) for ``--updates`` updates on the
+task with the recipe's settings, in this process, in a rotating order; the report is the median over rounds
+of each method's ratio to its baseline of the same round of **process CPU seconds per token** (this machine
+may be shared: CPU time, not wall time, and ratios within a round). Tokens are the completion tokens of the
+trained batches (``rollout/generated_tokens``, plus the stored rows exgrpo replays, which are trained but not
+generated), so a reflection turn's tokens count as tokens, as the bars ask. exgrpo runs with
+``--exgrpo-start-rate 0`` so that its replay is on for the whole measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from reflectrl.algos import get_algo
+from reflectrl.llm.recipes import recipe
+from reflectrl.runlog import read_metrics
+
+METHODS = {  # method: (baseline, bar, extra options)
+    "refgrpo": ("grpo", 1.05, {}),
+    "rlcr": ("grpo", 1.05, {}),
+    "refgrpo-seed": ("grpo", 1.10, {}),
+    "gear-seed": ("grpo", 1.10, {}),
+    "gear": ("grpo", 1.35, {}),
+    "exgrpo": ("drgrpo", 1.10, {"exgrpo_start_rate": 0.0}),
+    "exgrpo-seed": ("grpo", 1.10, {}),
+}
+
+
+def flags_to_options(flags: tuple[str, ...]) -> dict:
+    """The recipe's ``--name value`` flags as config fields."""
+    out = {}
+    for name, value in zip(flags[::2], flags[1::2]):
+        key = name.lstrip("-").replace("-", "_")
+        out[key] = float(value) if "." in value or "e" in value else int(value)
+    return out
+
+
+def run(algo: str, model: str, task: str, updates: int, seed: int, extra: dict) -> dict:
+    a = get_algo("llm", algo)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = a.config(task=task, model=model, run_dir=d, updates=updates, seed=seed, progress=False, tensorboard=False,
+                       save_interval=0, sample_interval=0, export_model=False, **flags_to_options(recipe(task).train),
+                       **extra)
+        trainer = a.make(cfg)
+        c0 = time.process_time()
+        trainer.learn()
+        cpu = time.process_time() - c0
+        recs = read_metrics(Path(d) / "metrics.jsonl")
+    generated = sum(r.get("rollout/generated_tokens", 0) for r in recs)
+    share = statistics.median(r.get("losses/stored_share", 0.0) for r in recs)
+    tokens = generated / max(1e-9, 1.0 - share)  # exgrpo's stored rows are trained tokens too
+    return {"cpu_s": cpu, "tokens": tokens, "generated_tokens": generated, "cpu_per_token": cpu / max(tokens, 1.0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="a warmed-up model directory (one of llm compare's models)")
+    ap.add_argument("--task", default="arith")
+    ap.add_argument("--updates", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--methods", nargs="*", default=list(METHODS))
+    ap.add_argument("--json-out", type=Path, default=None)
+    a = ap.parse_args()
+    algos = sorted({m for m in a.methods} | {METHODS[m][0] for m in a.methods})
+    rows = []
+    for r in range(a.rounds):
+        order = algos[r % len(algos):] + algos[:r % len(algos)]
+        res = {}
+        for algo in order:
+            extra = METHODS[algo][2] if algo in METHODS else {}
+            res[algo] = run(algo, a.model, a.task, a.updates, r + 1, extra)
+            print(f"round {r + 1} {algo}: {res[algo]['cpu_s']:.1f} CPU-s, {res[algo]['tokens']:.0f} tokens",
+                  file=sys.stderr, flush=True)
+        rows.append(res)
+    out: dict = {"benchmark": "llm_overhead", "task": a.task, "model": a.model, "updates": a.updates, "rounds": a.rounds,
+                 "settings": " ".join(recipe(a.task).train), "clock": "process CPU seconds per token"}
+    for m in a.methods:
+        base, bar, extra = METHODS[m]
+        ratios = [row[m]["cpu_per_token"] / row[base]["cpu_per_token"] for row in rows]
+        update_ratios = [row[m]["cpu_s"] / row[base]["cpu_s"] for row in rows]
+        out[m] = {"baseline": base, "ratio_per_token": round(statistics.median(ratios), 3),
+                  "ratios_per_token": [round(x, 3) for x in ratios],
+                  "ratio_per_update": round(statistics.median(update_ratios), 3),
+                  "tokens_per_update_ratio": round(statistics.median(row[m]["tokens"] / row[base]["tokens"] for row in rows), 3),
+                  "bar": bar, "within_bar": statistics.median(ratios) <= bar, "options": extra}
+    print(json.dumps(out))
+    if a.json_out:
+        a.json_out.parent.mkdir(parents=True, exist_ok=True)
+        a.json_out.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

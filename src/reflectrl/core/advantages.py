@@ -8,17 +8,18 @@ from torch import Tensor
 from .masked import masked_whiten
 from .registry import register_adv_est
 from .returns import discounted_cumsum
+from .types import Rows, StepFlags, StepMask, Steps
 
 
 def gae(
-    rewards: Tensor,
-    values: Tensor,
-    next_values: Tensor,
-    terminated: Tensor,
-    episode_end: Tensor,
+    rewards: Steps,
+    values: Steps,
+    next_values: Steps,
+    terminated: StepFlags,
+    episode_end: StepFlags,
     gamma: float,
     lam: float,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Steps, Steps]:
     """Generalized Advantage Estimation over ``[rows, steps]``; returns ``(advantages, returns)``.
 
     ``next_values[r, t]`` is the value of the state reached by step ``t``: V(s_{t+1}) inside an
@@ -32,8 +33,8 @@ def gae(
     return adv, adv + values
 
 
-def next_values_from(values: Tensor, bootstrap: Tensor, final_values: Tensor | None = None,
-                     truncated: Tensor | None = None) -> Tensor:
+def next_values_from(values: Steps, bootstrap: Rows, final_values: Steps | None = None,
+                     truncated: StepFlags | None = None) -> Steps:
     """Build ``next_values`` for :func:`gae`: shift ``values`` left, append ``bootstrap`` (V of the
     observation after the last step), and put V(final observation) where an episode was truncated."""
     nxt = torch.cat([values[:, 1:], bootstrap.reshape(-1, 1).to(values.dtype)], dim=1)
@@ -42,7 +43,7 @@ def next_values_from(values: Tensor, bootstrap: Tensor, final_values: Tensor | N
     return nxt
 
 
-def group_advantages(scores: Tensor, index: Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+def group_advantages(scores: Rows, index: Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> Rows:
     """Group-relative advantage of each sequence score: ``(s - mean_g)`` (Dr.GRPO) or
     ``(s - mean_g) / (std_g + eps)`` (GRPO, unbiased std). A group whose scores are all equal gets
     advantage 0; a group of one is taken as verl does (mean 0, std 1): ``s / (1 + eps)``, or ``s``
@@ -79,8 +80,8 @@ def _sequence_scores(token_level_rewards: Tensor, response_mask: Tensor) -> Tens
 
 
 @register_adv_est("grpo")
-def grpo_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor, config=None,
-                   **kwargs) -> tuple[Tensor, Tensor]:
+def grpo_advantage(token_level_rewards: Steps, response_mask: StepMask, index: Tensor, config=None,
+                   **kwargs) -> tuple[Steps, Steps]:
     """GRPO outcome advantage: group mean/std normalized sequence score, broadcast over tokens."""
     eps = getattr(config, "eps", 1e-6) if config is not None else 1e-6
     adv = group_advantages(_sequence_scores(token_level_rewards, response_mask), index, True, eps)
@@ -89,15 +90,15 @@ def grpo_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: Te
 
 
 @register_adv_est("drgrpo")
-def drgrpo_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor, config=None,
-                     **kwargs) -> tuple[Tensor, Tensor]:
+def drgrpo_advantage(token_level_rewards: Steps, response_mask: StepMask, index: Tensor, config=None,
+                     **kwargs) -> tuple[Steps, Steps]:
     """Dr.GRPO outcome advantage: group mean-centred score only (no std), broadcast over tokens."""
     adv = group_advantages(_sequence_scores(token_level_rewards, response_mask), index, False)
     out = adv[:, None] * response_mask
     return out, out
 
 
-def masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+def masked_gae(rewards: Steps, values: Steps, mask: StepMask, gamma: float, lam: float) -> tuple[Steps, Steps]:
     """GAE over token rows whose mask may have holes (multi-turn feedback tokens): masked-out steps
     are skipped, so the step before a hole bootstraps from the next *real* step; the episode ends
     after the last real step. Masked steps get advantage 0."""
@@ -115,8 +116,8 @@ def masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam:
 
 
 @register_adv_est("gae", requires=("values",))
-def gae_advantage(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor | None = None,
-                  config=None, *, values: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
+def gae_advantage(token_level_rewards: Steps, response_mask: StepMask, index: Tensor | None = None,
+                  config=None, *, values: Steps, **kwargs) -> tuple[Steps, Steps]:
     """GAE for token sequences (verl signature); see :func:`masked_gae`. Whitened unless
     ``config.whiten`` is False."""
     gamma = getattr(config, "gamma", 1.0) if config is not None else 1.0

@@ -9,13 +9,14 @@ import torch
 from torch import Tensor
 
 from .masked import agg_loss, masked_mean
+from .types import StepMask, Steps
 
 
 def ppo_policy_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor | None,
+    logp: Steps,
+    old_logp: Steps,
+    advantages: Steps,
+    mask: StepMask | None,
     clip_low: float = 0.2,
     clip_high: float | None = None,
     agg_mode: str = "token-mean",
@@ -103,7 +104,7 @@ def policy_loss_names() -> list[str]:
 
 
 @register_policy_loss("vanilla")
-def clipped_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor | None,
+def clipped_policy_loss(old_log_prob: Steps, log_prob: Steps, advantages: Steps, response_mask: StepMask | None,
                         loss_agg_mode: str = "token-mean", config: PolicyLossConfig | None = None,
                         **kwargs: object) -> tuple[Tensor, dict[str, Tensor]]:
     """The PPO clipped loss with clip-higher, optional dual-clip and log-ratio clamp (:func:`ppo_policy_loss`)."""
@@ -113,10 +114,10 @@ def clipped_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tens
 
 
 def value_loss(
-    values: Tensor,
-    old_values: Tensor,
-    returns: Tensor,
-    mask: Tensor | None,
+    values: Steps,
+    old_values: Steps,
+    returns: Steps,
+    mask: StepMask | None,
     clip_coef: float | None = None,
     agg_mode: str = "token-mean",
 ) -> Tensor:
@@ -136,7 +137,7 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
 
 
-def approx_kl(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
+def approx_kl(logp: Steps, ref_logp: Steps, kind: str = "k3") -> Steps:
     """Per-step estimate of KL(pi || ref) from samples of pi (Schulman's estimators).
 
     ``k1 = logp - ref_logp`` (unbiased, high variance); ``k3 = exp(ref - logp) - (ref - logp) - 1``
@@ -165,9 +166,9 @@ def shaped_ratio(w: Tensor, beta: float = 0.1) -> Tensor:
 
 
 @register_policy_loss("exgrpo")
-def mixed_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor | None,
+def mixed_policy_loss(old_log_prob: Steps, log_prob: Steps, advantages: Steps, response_mask: StepMask | None,
                       loss_agg_mode: str = "token-mean", config: PolicyLossConfig | None = None,
-                      offpolicy: Tensor | None = None, stored_logp: Tensor | None = None,
+                      offpolicy: StepMask | None = None, stored_logp: Steps | None = None,
                       **kwargs: object) -> tuple[Tensor, dict[str, Tensor]]:
     """ExGRPO's mixed objective on one batch: fresh tokens take the clipped loss; tokens of replayed stored
     trajectories (``offpolicy`` [R, T] = 1) take ``-A * f(w)`` with ``w = exp(logp - stored_logp)`` against the

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .types import StepMask, Steps
+
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
@@ -31,7 +33,7 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return sq / denom.clamp_min(1)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def masked_whiten(x: Steps, mask: StepMask, shift_mean: bool = True, eps: float = 1e-8) -> Steps:
     """Normalize ``x`` to unit std (and zero mean if ``shift_mean``) over masked-in entries."""
     mean = masked_mean(x, mask)
     std = masked_var(x, mask).sqrt()
@@ -41,7 +43,7 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     return out * mask
 
 
-def agg_loss(loss_mat: Tensor, mask: Tensor | None, mode: str = "token-mean", norm_len: int | None = None) -> Tensor:
+def agg_loss(loss_mat: Steps, mask: StepMask | None, mode: str = "token-mean", norm_len: int | None = None) -> Tensor:
     """Reduce a per-step loss ``[rows, steps]`` to a scalar.
 
     - ``token-mean``: mean over all real steps of the batch (long sequences weigh more).

@@ -14,13 +14,15 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .types import Rows, StepFlags, Steps
+
 _POW_CACHE: dict[tuple, Tensor] = {}
 _MATRIX_LIMIT = 4_000_000  # rows * steps^2 above which "auto" loops instead of one batched matmul
 Kernel = Literal["auto", "loop", "matmul", "closed"]
 
 
-def discounted_cumsum(x: Tensor, episode_end: Tensor | None, discount: float, bootstrap: Tensor | float | None = None,
-                      kernel: Kernel = "auto") -> Tensor:
+def discounted_cumsum(x: Steps, episode_end: StepFlags | None, discount: float, bootstrap: Rows | float | None = None,
+                      kernel: Kernel = "auto") -> Steps:
     """``y_t = x_t + discount * (1 - end_t) * y_{t+1}`` along the steps of ``x [R, T]``; ``y_T = bootstrap [R]``.
 
     ``episode_end [R, T]`` (None: no ends) stops the sum after step t. Kernels give the same values up
@@ -105,7 +107,7 @@ def _closed(x: Tensor, discount: float, bootstrap: Tensor | float | None) -> Ten
     return y.to(x.dtype)
 
 
-def discounted_returns(rewards: Tensor, episode_end: Tensor, gamma: float) -> Tensor:
+def discounted_returns(rewards: Steps, episode_end: StepFlags, gamma: float) -> Steps:
     """Monte-Carlo returns ``G_t = r_t + gamma * G_{t+1}``, reset at episode ends (no bootstrap)."""
     return discounted_cumsum(rewards, episode_end, gamma, kernel="loop")
 

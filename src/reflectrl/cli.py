@@ -10,7 +10,7 @@ import dataclasses
 import json
 import sys
 
-from .cliutil import run_command
+from .cliutil import check_seed, run_command
 from .errors import ConfigError
 
 TRAIN_HEADER = """usage: reflectrl train [--algo {algos}] [--preset NAME] [--resume RUN_DIR] [HYPERPARAMETER FLAGS]
@@ -36,6 +36,7 @@ def cmd_train(argv: list[str]) -> int:
     from .algos import algo_names, get_algo
     from .cliutil import print_json, resume_from_cli
     from .control.config import PRESETS
+    from .runlog import ensure_writable_dir
 
     front, rest = _train_front(argv)
     if "-h" in rest or "--help" in rest:
@@ -55,6 +56,8 @@ def cmd_train(argv: list[str]) -> int:
                                   "does not have; presets are for the PPO-family algos")
             default = algo.config_cls(**PRESETS[front.preset])
         cfg = tyro.cli(algo.config_cls, args=rest, default=default, prog=f"reflectrl train --algo {algo.name}")
+        if cfg.run_dir:
+            ensure_writable_dir(cfg.run_dir, "--run-dir", create=False)
         trainer = algo.make(cfg)
     print_json(trainer.learn())
     return 0
@@ -73,6 +76,7 @@ def cmd_eval(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.episodes < 1:
         raise ConfigError("--episodes must be at least 1")
+    check_seed(args.seed)
     import numpy as np
 
     rets = evaluate(args.run_dir, args.episodes, args.seed, deterministic=not args.stochastic)
@@ -113,7 +117,8 @@ def _delegate(module: str, func: str = "main"):
 
 
 def cmd_demo(argv: list[str]) -> int:
-    """``reflectrl demo``: a quick comparison of ppo, refgrpo-seed and gear-seed on LunarLander-v3 (its tuned preset)."""
+    """``reflectrl demo``: a quick comparison of ppo, refgrpo-seed and gear-seed on LunarLander-v3 (its tuned
+    preset)."""
     ap = argparse.ArgumentParser(prog="reflectrl demo", description=cmd_demo.__doc__)
     ap.add_argument("--total-timesteps", type=int, default=300_000, help="steps per run (default 300000)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
@@ -155,8 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``reflectrl`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if argv else 2
+        code = 0 if argv else 2
+
+        def usage(_: list[str]) -> int:
+            print(USAGE)
+            return code
+
+        return run_command(usage, [])  # a closed pipe (`reflectrl --help | head`) is not an error
     if argv[0] not in COMMANDS:
         print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2

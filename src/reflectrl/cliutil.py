@@ -1,13 +1,57 @@
-"""What ``reflectrl train`` and ``reflectrl llm train`` share: continuing a run with ``--resume`` under the
-same rules on both front ends, and building a new run's trainer into a free run directory."""
+"""What the commands of both front ends share: continuing a run with ``--resume`` under the same rules on
+both, the checks of seeds and devices, and running a command so that a user's error is one line (no
+traceback), a warning is one line, and a signal or a closed pipe ends it cleanly."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from typing import Any
+import warnings
+from typing import Any, Iterator
 
 from .errors import ConfigError
+
+SEED_MAX = 2**63 - 1  # reflectrl.trainer.SEED_MAX (not imported: keeps the CLI's start light)
+
+
+class QuietParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise ConfigError (one ``error: ...`` line) instead of printing the
+    usage and exiting."""
+
+    def error(self, message: str) -> Any:
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def check_seed(seed: Any, flag: str = "--seed") -> int:
+    """``seed`` if it is an integer in [0, 2^63 - 1] (what every random stream accepts), else ConfigError."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"{flag} must be an integer in [0, 2^63 - 1], got {seed}")
+    return seed
+
+
+def check_device(device: str, flag: str = "--device") -> str:
+    """``device`` if torch can use it here, else ConfigError saying why (an unknown name, or CUDA / MPS that
+    this torch build or machine does not have)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"{flag} {device!r} is not a torch device; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{flag} {device}: this torch cannot use CUDA here (torch.cuda.is_available() is "
+                              f"False; torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+                              "use --device cpu or a CUDA build of torch on a machine with a GPU")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"{flag} {device}: there are {torch.cuda.device_count()} CUDA devices "
+                              "(torch.cuda.device_count())")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{flag} {device}: torch.backends.mps.is_available() is False on this machine")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{flag} {device}: only cpu, cuda and mps devices are supported")
+    return device
 
 
 def resume_from_cli(run_dir: str, rest: list[str], kind: str, algo: str | None, preset: str | None = None) -> Any:
@@ -18,8 +62,8 @@ def resume_from_cli(run_dir: str, rest: list[str], kind: str, algo: str | None, 
 
     budget_flag = "--total-timesteps" if kind == "control" else "--updates"
     resume_cmd = "reflectrl train" if kind == "control" else "reflectrl llm train"
-    ap = argparse.ArgumentParser(prog=f"{resume_cmd} --resume RUN_DIR",
-                                 description="Continue a run from its latest checkpoint, as it was configured.")
+    ap = QuietParser(prog=f"{resume_cmd} --resume RUN_DIR",
+                     description="Continue a run from its latest checkpoint, as it was configured.")
     ap.add_argument(budget_flag, type=int, default=None, dest="budget",
                     help="train to this budget in total (it stays in config.json for later resumes)")
     ap.add_argument("--time-limit-s", type=float, default=None, help="stop after this much wall time")
@@ -29,20 +73,30 @@ def resume_from_cli(run_dir: str, rest: list[str], kind: str, algo: str | None, 
         ap.add_argument("--model", default=None, help="the base model's directory, if it has moved")
     try:
         extra = ap.parse_args(rest)
-    except SystemExit as exc:
-        if exc.code == 0:
-            raise
+    except ConfigError:
         raise ConfigError(f"--resume continues a run as it was configured; {budget_flag}, --time-limit-s, "
                           "--cpu-time-limit-s and --no-progress" + (" and --model" if kind == "llm" else "")
-                          + " are the flags it takes") from None
+                          + f" are the flags it takes (got {' '.join(rest)})") from None
     run = run_algo(run_dir)
     if run.kind != kind:
         other = "reflectrl train" if run.kind == "control" else "reflectrl llm train"
         raise ConfigError(f"{run_dir} is a {run.kind} run: continue it with `{other} --resume {run_dir}`")
     if algo is not None and algo != run.name:
-        raise ConfigError(f"{run_dir} is a run of --algo {run.name}; --resume continues it as such (drop --algo {algo})")
+        raise ConfigError(f"{run_dir} is a run of --algo {run.name}; --resume continues it as such "
+                          f"(drop --algo {algo})")
     if preset is not None:
         raise ConfigError("--resume continues a run with its own settings; --preset cannot be combined with it")
+    if kind == "llm":
+        from pathlib import Path
+
+        from .trainer import read_config_json
+
+        raw = read_config_json(run_dir)
+        check_device(str(raw.get("device", "cpu")), "the run's device")
+        model = str(raw.get("model") or "")
+        if extra.model is None and model and not Path(model).exists():
+            raise ConfigError(f"the base model of {run_dir}, {model}, does not exist (moved?): give its new place "
+                              f"with `{resume_cmd} --resume {run_dir} --model PATH`")
     overrides: dict[str, Any] = {"progress": False} if extra.no_progress else {}
     for key in ("time_limit_s", "cpu_time_limit_s", "model"):
         if getattr(extra, key, None) is not None:
@@ -50,14 +104,52 @@ def resume_from_cli(run_dir: str, rest: list[str], kind: str, algo: str | None, 
     return resume(run_dir, extra.budget, **overrides)
 
 
+def _strict(obj: Any) -> Any:
+    """``obj`` with NaN and inf floats replaced by None (strict JSON)."""
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
+
+
 def print_json(obj: Any) -> None:
-    """One JSON line on stdout (a closed pipe is not an error)."""
+    """One line of strict JSON on stdout (NaN and inf become null; a closed pipe is not an error)."""
     import sys
 
     try:
-        print(json.dumps(obj), flush=True)
+        print(json.dumps(_strict(obj)), flush=True)
     except BrokenPipeError:
         sys.stdout = None  # type: ignore[assignment]
+
+
+def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
+                  line: Any = None) -> None:
+    """One ``warning: ...`` line on stderr (no source line, no file name)."""
+    import sys
+
+    text = str(message).replace("\n", " ")
+    if not issubclass(category, UserWarning):
+        text = f"{category.__name__}: {text}"
+    try:
+        print(f"warning: {text}", file=file or sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Within the block, a warning prints as one ``warning: ...`` line (the previous display is restored)."""
+    old = warnings.showwarning
+    warnings.showwarning = _show_warning
+    try:
+        yield
+    finally:
+        warnings.showwarning = old
 
 
 def run_command(fn: Any, argv: list[str]) -> int:
@@ -71,7 +163,8 @@ def run_command(fn: Any, argv: list[str]) -> int:
     from .trainer import TrainingStopped
 
     try:
-        return fn(argv)
+        with one_line_warnings():
+            return fn(argv)
     except TrainingStopped as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .errors import ReflectRLError
+from .errors import ConfigError, ReflectRLError
 
 
 def _clean(v: Any) -> Any:
@@ -61,6 +61,70 @@ class RunLogger:
             self._wandb.finish()
 
 
+def _dir_problem(p: Path, create: bool) -> str | None:
+    """Why the directory ``p`` cannot be written (None when it can): it or a parent is a file, or it cannot
+    be made or written (``/proc``, ``/sys``, a read-only disk, no permission). Directories made for the
+    check are removed again unless ``create``."""
+    import os
+
+    for parent in (p, *p.parents):
+        if parent.exists() and not parent.is_dir():
+            return "is a file, not a directory" if parent == p else f"is under {parent}, which is a file"
+    made = [d for d in (p, *p.parents) if not d.exists()]
+    probe = p / f".reflectrl-write-check-{os.getpid()}"
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror or exc})"
+    finally:
+        if not create:
+            for d in made:  # deepest first
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+    return None
+
+
+def ensure_writable_dir(path: str | Path, what: str, create: bool = True) -> Path:
+    """Check that ``path`` is a directory this process can write (making it), or raise ConfigError in one
+    line naming ``what`` (a flag such as ``--run-dir``). Without ``create`` the directories made for the
+    check are removed again, so a command that fails later leaves nothing behind."""
+    p = Path(path)
+    problem = _dir_problem(p, create)
+    if problem:
+        raise ConfigError(f"{what} {p} {problem}; choose another path")
+    return p
+
+
+def ensure_writable_file(path: str | Path, what: str) -> Path:
+    """Check that the file ``path`` can be written (its directory exists or can be made; it is not made
+    here), or raise ConfigError naming ``what``."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what} {p} is a directory; give a file name")
+    problem = _dir_problem(p.parent, create=False)
+    if problem:
+        raise ConfigError(f"{what} {p}: its directory {p.parent} {problem}; choose another path")
+    return p
+
+
+def claim_output_dir(path: str | Path, what: str, force: bool, stale: tuple[str, ...] = ()) -> Path:
+    """A directory to write a model into: ConfigError if it already holds files (unless ``force``; then
+    the ``stale`` files of what was there, which the new contents would not replace, are removed), or
+    if it cannot be written."""
+    p = ensure_writable_dir(path, what, create=False)
+    if p.is_dir() and any(p.iterdir()):
+        if not force:
+            raise ConfigError(f"{what} {p} is not empty; choose a new directory, or add --force to replace "
+                              "what it holds")
+        for name in stale:
+            (p / name).unlink(missing_ok=True)
+    return p
+
+
 def write_config(run_dir: Path, header: dict[str, Any], cfg: Any) -> None:
     """Write ``RUN_DIR/config.json`` (``header`` + the config dataclass) atomically."""
     import dataclasses
@@ -82,9 +146,8 @@ def open_run(run_dir: Path, header: dict[str, Any], cfg: Any, fresh: bool = True
     import dataclasses
     import shutil
 
-    run_dir = Path(run_dir)
+    run_dir = ensure_writable_dir(run_dir, "run directory")
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
         if fresh:
             for name in ("metrics.jsonl", *extra_logs):
                 (run_dir / name).unlink(missing_ok=True)

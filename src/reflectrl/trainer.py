@@ -65,7 +65,8 @@ class RunOptions:
     def run_checks(self) -> list[tuple[bool, str]]:
         """The checks of the shared options (a trainer's ``validate`` adds its own)."""
         return [
-            (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX, f"--seed must be an integer in [0, 2^63 - 1], got {self.seed}"),
+            (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX,
+             f"--seed must be an integer in [0, 2^63 - 1], got {self.seed}"),
             (self.save_interval >= 0, "--save-interval must be non-negative"),
             (self.threads >= 1, "--threads must be at least 1"),
             (self.time_limit_s is None or self.time_limit_s > 0, "--time-limit-s must be positive"),
@@ -191,6 +192,11 @@ class Trainer:
     def finished(self) -> bool:
         raise NotImplementedError
 
+    @property
+    def log_step(self) -> int:
+        """The x-axis value of the latest record (``global_step``; TensorBoard's step)."""
+        return int(getattr(self, "global_step", self.position))
+
     def describe(self) -> str:
         """The progress bar's label."""
         return self.algo_name
@@ -239,11 +245,13 @@ class Trainer:
             raise ConfigError(f"run directory {self.run_dir} already holds a run; continue it with "
                               f"`{self.resume_cmd} {self.run_dir}` or choose another --run-dir")
         logger = open_run(self.run_dir, self.header(), cfg, fresh=fresh, extra_logs=self.extra_logs,
-                          purge_step=None if fresh else self.position + 1)
+                          purge_step=None if fresh else self.log_step + 1)
         clock, start = Clock(), self.position
         try:
-            with StopRequests() as stop, TrainProgress(self.total, cfg.progress, self.describe(), *self.bar_labels()) as bar:
+            bar_args = (self.total, cfg.progress, self.describe(), *self.bar_labels())
+            with StopRequests() as stop, TrainProgress(*bar_args) as bar:
                 while not self.finished:
+                    self.current_update = self.update_idx + 1  # what finite() names (DQN counts at the end)
                     rec = self.iteration()
                     self.add_rates(rec, clock, start)
                     out_of_time = clock.out_of_time(cfg)
@@ -273,9 +281,12 @@ class Trainer:
         if self.cfg.on_nonfinite == "skip":
             self.skipped = getattr(self, "skipped", 0) + 1
             return False
-        raise NonFiniteError(f"non-finite values (NaN or inf) in {name} at update {self.update_idx}"
-                             f"{', ' + where if where else ''}: the run stops and its last checkpoint in "
-                             f"{self.run_dir} is kept (--on-nonfinite skip leaves such steps out instead)")
+        saved, update = getattr(self, "saved_update", None), getattr(self, "current_update", self.update_idx)
+        kept = (f"its last checkpoint, of update {saved}, in {self.run_dir} is kept" if saved is not None else
+                f"it wrote no checkpoint before, so {self.run_dir} holds none")
+        raise NonFiniteError(f"non-finite values (NaN or inf) in {name} at update {update}"
+                             f"{', ' + where if where else ''}: the run stops and {kept} "
+                             "(--on-nonfinite skip leaves such steps out instead)")
 
     # ------------------------------------------------------------------ checkpoints
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -305,6 +316,7 @@ class Trainer:
         save_checkpoint(path, *self.state())
         if path.parent == self.run_dir:
             write_config(self.run_dir, self.header(), self.cfg)
+            self.saved_update = self.update_idx
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         """Restore from :meth:`state` output."""
@@ -324,6 +336,7 @@ class Trainer:
         drop log records written after it."""
         tensors, meta = loaded if loaded is not None else load_checkpoint(run_dir / CHECKPOINT)
         self.load_state(tensors, meta)
+        self.saved_update = self.update_idx
         for name in ("metrics.jsonl", *self.extra_logs):
             truncate_metrics(run_dir / name, self.update_idx)
 

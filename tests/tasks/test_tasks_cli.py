@@ -12,7 +12,7 @@ from reflectrl import cli as top
 from reflectrl.tasks.arith import ArithTask
 from reflectrl.tasks.cli import main
 
-pytestmark = [pytest.mark.filterwarnings("ignore::reflectrl.tasks.sandbox.SandboxWarning"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.filterwarnings("ignore::reflectrl.sandbox.SandboxWarning"), pytest.mark.timeout(120)]
 
 
 def _one_error_line(err: str) -> str:

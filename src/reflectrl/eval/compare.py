@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import ConfigError, ReflectRLError
+from ..runlog import ensure_writable_dir, ensure_writable_file
 from .rundata import EPISODIC_RETURN, load_run
 from .runner import RunSpec, make_result, materialize, plan, run_local
+
 # Flags compare sets itself for every run; a method's or --extra's arguments may not repeat them.
 RESERVED = ("--algo", "--env-id", "--seed", "--total-timesteps", "--run-dir", "--resume", "--progress",
             "--no-progress")
@@ -194,8 +196,7 @@ def main(argv: list[str]) -> int:
     methods = _validate(args)
     extra = [w for a in args.extra for w in shlex.split(a)]
     check_train_args(extra, "--extra")
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = ensure_writable_dir(Path(args.out).resolve(), "--out")
     specs = build_grid(methods, args.env_ids, range(1, args.seeds + 1), args.total_timesteps, out, extra,
                        args.eval_episodes, args.retries)
     planned = [plan(s) for s in specs]  # (action, why) per run
@@ -221,7 +222,8 @@ def main(argv: list[str]) -> int:
         results.append(res)
         tag = f"[{len(results)}/{len(specs)}] {res['name']}"
         if res["status"] == "ok":
-            done = "finished earlier" if res["action"] == "skipped" else f"{res['action']} in {res.get('wall_s', 0.0):.1f} s"
+            done = ("finished earlier" if res["action"] == "skipped"
+                    else f"{res['action']} in {res.get('wall_s', 0.0):.1f} s")
             ret = res.get("eval_mean")
             print(f"{tag}: {done}, eval return {'?' if ret is None else f'{ret:.2f}'}", flush=True)
         else:
@@ -244,6 +246,20 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def check_image_path(path: str) -> Path:
+    """``path`` if matplotlib can write an image there (a format it knows, in a writable directory), else
+    ConfigError naming the formats."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    p = Path(path)
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    ext = p.suffix[1:].lower()
+    if ext and ext not in formats:
+        raise ConfigError(f"--out {p}: matplotlib cannot write .{ext} files; use one of "
+                          f"{', '.join('.' + f for f in sorted(formats))}")
+    return ensure_writable_file(p, "--out")
+
+
 def plot_main(argv: list[str]) -> int:
     """``reflectrl plot``: curves from run directories or compare output folders."""
     from .plots import plot_metric_over_time
@@ -263,6 +279,7 @@ def plot_main(argv: list[str]) -> int:
                     help="observation dims of the --bcal-map axes (default 0 1)")
     ap.add_argument("--rollouts", type=int, default=1, metavar="N", help="batches collected for --bcal-map (default 1)")
     args = ap.parse_args(argv)
+    check_image_path(args.out)
     if args.bcal_map:
         from .bcal_map import plot_bcal_map
 

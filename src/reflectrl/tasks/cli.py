@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "validate" and args.workers is not None and args.workers < 1:
             raise ConfigError("--workers must be at least 1")
+        if args.command == "show" and args.n < 1:
+            raise ConfigError(f"-n must be at least 1, got {args.n}")
         return {"list": _cmd_list, "show": _cmd_show, "validate": _cmd_validate}[args.command](args)
     except ReflectRLError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev,llm,ray]"
+	# verl for the cross-check of the verl integration (its own dependencies pin other torch builds: none taken)
+	$(BIN)/pip install -q --no-deps "verl==0.9.1"
+	$(BIN)/pip install -q tensordict pyvers omegaconf "antlr4-python3-runtime==4.9.3" codetiming orjson
 	touch $(STAMP)
 
 # The sandbox's strongest backend is bubblewrap (docs/sandbox.md): installed here where we may (root with
@@ -29,6 +32,7 @@ demo: $(STAMP) sandbox-backend
 	$(BIN)/reflectrl demo
 
 test: $(STAMP) sandbox-backend
+	$(BIN)/ruff check src tests benchmarks scripts
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
 test-slow: $(STAMP) sandbox-backend

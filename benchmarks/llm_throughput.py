@@ -47,7 +47,7 @@ def worker_reflectrl(a) -> dict:
     tokens, seconds, cpu = 0, 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0, c0 = time.perf_counter(), time.process_time()
-        rec = trainer.iteration()
+        trainer.iteration()
         if i >= a.warmup:
             seconds += time.perf_counter() - t0
             cpu += time.process_time() - c0
@@ -114,8 +114,8 @@ def worker_trl(a) -> dict:
 def worker_engines(a) -> dict:
     import torch
 
-    from reflectrl.llm.policy import load_policy
     from reflectrl.llm.engines import make_engine
+    from reflectrl.llm.policy import load_policy
     from reflectrl.tasks.base import get_task
 
     torch.set_num_threads(a.threads)

@@ -56,7 +56,8 @@ def main() -> None:
         recs = list(pool.map(lambda s: train_and_eval(args.env_id, s, args.total_timesteps, args.out, args.episodes),
                              range(1, args.seeds + 1)))
     finals = [r["mean"] for r in recs]
-    loop_s = [sum(m.get("time/iteration", 0.0) for m in read_metrics(args.out / args.env_id / f"seed_{r['seed']}" / "metrics.jsonl"))
+    loop_s = [sum(m.get("time/iteration", 0.0)
+                  for m in read_metrics(args.out / args.env_id / f"seed_{r['seed']}" / "metrics.jsonl"))
               for r in recs]
     lo, hi = bootstrap_ci(finals)
     summary = {"env_id": args.env_id, "seeds": args.seeds, "total_timesteps": args.total_timesteps or "preset",

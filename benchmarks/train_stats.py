@@ -8,7 +8,8 @@
 For every run directory under the folder (any layout that `reflectrl plot` reads), the mean of each
 ``--keys`` metric from ``metrics.jsonl`` over the updates from fraction ``--from`` to ``--to`` of the
 run, or over its last ``--last`` updates that logged the metric (finished runs only, those with an
-evaluation; ``--methods`` keeps only those labels); then, per env and method (the run's compare label), the per-seed means and their mean. Printed
+evaluation; ``--methods`` keeps only those labels); then, per env and method (the run's compare label), the per-seed
+means and their mean. Printed
 as a markdown table (and written as JSON to ``--json-out``).
 """
 

@@ -98,6 +98,29 @@ register_algo(Algo("exgrpo-seed", "llm", ExGRPOSeedLLMConfig, lambda cfg: GRPO(c
                    "GRPO + trajectory reflection term from a prioritized reflection memory on hidden states (seed 003)"))
 
 
+# ----------------------------------------------------------------------------- a user's own modules
+def load_plugins(spec: str | None = None) -> list[str]:
+    """Import the modules named in ``REFLECTRL_PLUGINS`` (comma-separated; or ``spec``): a method of a user's own
+    registers there with :func:`~reflectrl.registry.register_algo` and is then an ``--algo`` of the CLI, of
+    ``compare`` (its runs inherit the environment) and of ``--resume``."""
+    import importlib
+    import os
+
+    from .errors import ConfigError
+
+    names = [n.strip() for n in (spec if spec is not None else os.environ.get("REFLECTRL_PLUGINS", "")).split(",")
+             if n.strip()]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"REFLECTRL_PLUGINS names {name!r}, which cannot be imported ({exc})") from None
+    return names
+
+
+load_plugins()
+
+
 # ----------------------------------------------------------------------------- lookups
 def get_algo(kind: str, name: str) -> Algo:
     """The ``--algo NAME`` entry of a front end (``control`` or ``llm``), or ConfigError listing the choices."""

@@ -2,8 +2,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from reflectrl.control.envs import (EpisodeTracker, LeanSyncVectorEnv, RunningMeanStd, check_env_id, episode_seed,
-                                    make_vector_env, replay, reset_all, reset_done)
+from reflectrl.control.envs import (
+    EpisodeTracker,
+    LeanSyncVectorEnv,
+    RunningMeanStd,
+    check_env_id,
+    episode_seed,
+    make_vector_env,
+    replay,
+    reset_all,
+    reset_done,
+)
 from reflectrl.errors import ConfigError
 
 

@@ -1,9 +1,6 @@
-import json
 import multiprocessing as mp
 import os
 import signal
-import time
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np

@@ -6,20 +6,20 @@ import pytest
 import torch
 
 from reflectrl.core import (
-    drgrpo_advantage,
-    gae_advantage,
     PolicyLossConfig,
     adv_est_requires,
     clipped_policy_loss,
+    drgrpo_advantage,
+    gae_advantage,
     get_adv_est,
     get_policy_loss,
     grpo_advantage,
     list_registered,
+    losses,
     register_adv_est,
     register_policy_loss,
+    registry,
 )
-from reflectrl.core import losses
-from reflectrl.core import registry
 
 
 @pytest.fixture

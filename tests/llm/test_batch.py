@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from reflectrl.algos import config_for_algo
+from reflectrl.llm.batch import RowResult, Segment, TokenBatch, build_batch
 from reflectrl.llm.grpo import GRPO
 from reflectrl.llm.policy import TokenOutputs
-from reflectrl.llm.batch import RowResult, Segment, TokenBatch, build_batch
 
 PAD = 0
 

@@ -96,7 +96,8 @@ def test_a_replayed_group_holds_one_stored_row_on_the_shaped_loss(tiny_dir, tmp_
         rows = (mixed.index == g).nonzero().squeeze(1).tolist()
         assert len(rows) == 4 and sum(r in stored_rows for r in rows) <= 1
     for r in stored_rows:
-        assert torch.equal(off[r].bool(), mixed.completion_mask[r]) and (mixed.extras[STORED][r][mixed.completion_mask[r]] < 0).all()
+        assert torch.equal(off[r].bool(), mixed.completion_mask[r])
+        assert (mixed.extras[STORED][r][mixed.completion_mask[r]] < 0).all()
         assert bool(mixed.correct[r])
     # the picked stored trajectory is the one of lowest mean token entropy among its question's
     assert "exgrpo/picked_entropy" in hook.metrics()

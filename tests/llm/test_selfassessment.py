@@ -11,8 +11,14 @@ import torch
 from reflectrl.algos import get_algo, resume
 from reflectrl.methods.base import MethodRunner, StepBatch
 from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions
-from reflectrl.methods.rewards import (RLCR_FORMAT_PENALTY, as_nan, bonus_schedule, reflection_bonus, refgrpo_reward,
-                                       rlcr_reward)
+from reflectrl.methods.rewards import (
+    RLCR_FORMAT_PENALTY,
+    as_nan,
+    bonus_schedule,
+    refgrpo_reward,
+    reflection_bonus,
+    rlcr_reward,
+)
 from reflectrl.methods.rlcr import RLCR, RLCROptions
 from reflectrl.runlog import read_metrics
 from reflectrl.tasks.selfreport import QUESTIONS, SelfReportTask, parse_report

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from reflectrl.llm.evaluate import evaluate, evaluate_policy, pass_at_k, wilson_interval
+from reflectrl.llm.evaluate import evaluate_policy, pass_at_k, wilson_interval
 from reflectrl.tasks.base import get_task
 
 
@@ -78,8 +78,8 @@ def test_eval_of_run_dir_uses_its_checkpoint(tiny_dir, tmp_path, capsys):
 def test_lora_policy_reference_heads_and_export(tiny_dir, tmp_path):
     """LoRA trains only the adapter (and heads); the reference is the adapter-free base; the export
     merges the adapter into a plain model directory that loads back with the heads."""
-    from reflectrl.llm.policy import load_policy
     from reflectrl.llm.batch import RowResult, Segment, build_batch
+    from reflectrl.llm.policy import load_policy
 
     pol = load_policy(tiny_dir, lora_r=4, ref=True)
     pol.add_head("value")

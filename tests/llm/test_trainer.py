@@ -7,10 +7,10 @@ import torch
 from safetensors.torch import load_file
 
 from reflectrl.algos import config_for_algo, resume
-from reflectrl.llm.grpo import GRPO, GRPOHook
-from reflectrl.trainer import CHECKPOINT
 from reflectrl.llm.batch import RowResult, Segment, build_batch
+from reflectrl.llm.grpo import GRPO, GRPOHook
 from reflectrl.runlog import read_metrics
+from reflectrl.trainer import CHECKPOINT
 
 
 def cfg(tiny_dir, tmp_path, name="run", **kw):

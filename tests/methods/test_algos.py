@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from reflectrl.algos import algo_names, get_algo, resume
 from reflectrl.checkpoint import load_checkpoint
 from reflectrl.cli import main as cli_main
-from reflectrl.algos import algo_names, get_algo, resume
 from reflectrl.control.dqn import DQN, DQNConfig, linear_schedule
 from reflectrl.control.ppo import CHECKPOINT, PPO
 from reflectrl.errors import ConfigError
@@ -245,7 +245,8 @@ def test_dqn_epsilon_schedule_and_config_errors():
     with pytest.raises(ConfigError, match="discrete action space"):
         DQN(DQNConfig(env_id="Pendulum-v1", total_timesteps=10, progress=False, tensorboard=False))
     with pytest.raises(ConfigError, match="seed-group-size"):
-        get_algo("control", "gear-seed").make(get_algo("control", "gear-seed").config_cls(num_envs=6, num_steps=16, total_timesteps=96))
+        gear = get_algo("control", "gear-seed")
+        gear.make(gear.config_cls(num_envs=6, num_steps=16, total_timesteps=96))
 
 
 def test_gear_groups_start_from_one_state(tmp_path):

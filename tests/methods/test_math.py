@@ -9,15 +9,27 @@ import pytest
 import torch
 
 from reflectrl.control.envs import EpisodeTracker
-from reflectrl.core import gae
-from reflectrl.core import discounted_cumsum, returns_to_go
+from reflectrl.core import discounted_cumsum, gae, returns_to_go
 from reflectrl.methods.base import AuxInputs, EpisodeAssembler, MethodRunner, StepBatch
-from reflectrl.methods.exgrpo_seed import (CoefSchedule, ExGRPOSeed, ExGRPOSeedOptions, ReflectionMemory,
-                                           aggregate_reflection, priority_probs, rank_targets)
+from reflectrl.methods.exgrpo_seed import (
+    CoefSchedule,
+    ExGRPOSeed,
+    ExGRPOSeedOptions,
+    ReflectionMemory,
+    aggregate_reflection,
+    priority_probs,
+    rank_targets,
+)
 from reflectrl.methods.gear_seed import GearSeed, GearSeedOptions, omega_weights, select_winners, winners_per_group
-from reflectrl.methods.refgrpo_seed import (RefGRPOSeed, RefGRPOSeedOptions, adaptive_beta, calibration_bonus,
-                                            clip_bonus, normalized_advantages)
 from reflectrl.methods.nets import ScalarMLP, control_features
+from reflectrl.methods.refgrpo_seed import (
+    RefGRPOSeed,
+    RefGRPOSeedOptions,
+    adaptive_beta,
+    calibration_bonus,
+    clip_bonus,
+    normalized_advantages,
+)
 
 
 def close(a, b, tol=1e-6):

@@ -6,8 +6,16 @@ import pytest
 
 from reflectrl.errors import ConfigError
 from reflectrl.tasks.arith import ArithTask, evaluate, parse_answer
-from reflectrl.tasks.base import (Problem, SingleTurnEnv, get_task, parse_confidence, parse_reflection, self_report,
-                                  strip_self_report, teacher_prompt)
+from reflectrl.tasks.base import (
+    Problem,
+    SingleTurnEnv,
+    get_task,
+    parse_confidence,
+    parse_reflection,
+    self_report,
+    strip_self_report,
+    teacher_prompt,
+)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,15 @@ import pytest
 
 from reflectrl.errors import ConfigError
 from reflectrl.tasks.base import get_task
-from reflectrl.tasks.text2sql import (REFLECT_QUESTION, ROW_CAP, Database, Text2SQLTask, database_script, parse_turn,
-                                      same_result)
+from reflectrl.tasks.text2sql import (
+    REFLECT_QUESTION,
+    ROW_CAP,
+    Database,
+    Text2SQLTask,
+    database_script,
+    parse_turn,
+    same_result,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

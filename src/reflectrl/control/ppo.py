@@ -225,7 +225,7 @@ class PPO(Trainer):
             adv = adv * b.weights.reshape(B)
         if cfg.anneal_lr:
             self.optimizer.param_groups[0]["lr"] = (1.0 - (self.update_idx - 1) / cfg.num_updates) * cfg.learning_rate
-        usable = self.finite("the advantages", adv) and self.finite("the observations", obs)
+        usable = self.finite("the observations", obs) and self.finite("the advantages", adv)
         acc = torch.zeros(7)
         n = 0
         aux = [m for m in self.methods if m.has_aux_loss]

@@ -3,7 +3,8 @@ accuracy and calibration with bootstrap CIs), ``curves.png`` and reliability dia
 
 Without ``--model``, each (task, seed) gets one tiny model built by the task's CPU recipe
 (:mod:`reflectrl.llm.recipes`: init-tiny, then a warm-up to a weak-but-nonzero accuracy whose
-demonstrations end with self-reports, a quarter of them after the teacher prompt that gear uses) in ``OUT/models/{task}/seed_{s}/warmup``, and every method of that
+demonstrations end with self-reports, a quarter of them after the teacher prompt that gear uses) in
+``OUT/models/{task}/seed_{s}/warmup``, and every method of that
 seed trains from it: the comparison is paired. Runs live in ``OUT/runs/{task}/{method}/seed_{s}/`` and go
 through the same :func:`~reflectrl.eval.runner.run_one` as ``reflectrl compare`` (skip finished, resume
 interrupted, retry, local pool or Ray); each is evaluated greedily on the held-out split with a reflection

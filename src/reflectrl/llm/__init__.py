@@ -4,11 +4,11 @@
 ``transformers`` is imported only when a model is built or loaded.
 """
 
+from .batch import RowResult, Segment, TokenBatch, build_batch
 from .config import GRPOConfig
+from .engines import ENGINES, GenerationEngine, HFGenerate, TorchSampler, make_engine, register_engine
 from .grpo import GRPO, GRPOHook
 from .policy import Policy, TokenOutputs, load_policy
-from .batch import RowResult, Segment, TokenBatch, build_batch
-from .engines import ENGINES, GenerationEngine, HFGenerate, TorchSampler, make_engine, register_engine
 from .rollout import Rollout, RolloutStats
 
 __all__ = ["ENGINES", "GRPO", "GRPOConfig", "GRPOHook", "GenerationEngine", "HFGenerate", "Policy", "Rollout",

@@ -16,8 +16,8 @@ import torch
 
 from ..errors import ConfigError, ReflectRLError
 from ..tasks.base import SPLITS, Task, get_task
-from .policy import Policy, load_policy
 from .engines import make_engine
+from .policy import Policy, load_policy
 from .rollout import Rollout
 
 

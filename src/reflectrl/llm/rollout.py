@@ -300,12 +300,24 @@ class Rollout:
         return fut
 
     def _cached(self, key: tuple[str, str], stats: RolloutStats) -> Future | None:
-        """The reward future of a (problem, completion) pair scored before (LRU hit), or None."""
-        fut = self._cache.get(key)
-        if fut is not None:
-            self._cache.move_to_end(key)
-            stats.cache_hits += 1
+        """The reward future of a (problem, completion) pair scored before (LRU hit), or None. Entries of
+        finished rollouts hold their plain result (a Future is several times larger), wrapped again here."""
+        hit = self._cache.get(key)
+        if hit is None:
+            return None
+        self._cache.move_to_end(key)
+        stats.cache_hits += 1
+        if isinstance(hit, Future):
+            return hit
+        fut: Future = Future()
+        fut.set_result(hit)
         return fut
+
+    def compact_cache(self) -> None:
+        """Replace the cache's finished futures by their results (called when a rollout is done)."""
+        for key, fut in self._cache.items():
+            if isinstance(fut, Future) and fut.done() and fut.exception() is None:
+                self._cache[key] = fut.result()
 
     def _remember(self, key: tuple[str, str], fut: Future, stats: RolloutStats) -> None:
         """Keep a newly submitted reward future in the LRU cache; this rollout counts its time."""
@@ -383,6 +395,7 @@ class PendingRollout:
             pending, turn = self._last
             self._last = None
             ro._apply(pending, turn, ro._wait([p[-1] for p in pending], self.stats, timed=True))
+        ro.compact_cache()
         full = ro._results(self._rows, self._index)
         if self._batch is None:
             self._batch = full

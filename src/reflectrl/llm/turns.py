@@ -66,7 +66,9 @@ class TurnView:
 class GroupBaselineView:
     """The token batch with ``values`` set to the group-mean baseline broadcast over each row's tokens (the
     ``V_orig`` of gear-seed on the LLM when there is no critic): the mean of the rows' total rewards within
-    each group of ``group_size`` rows. Shapings pass through unchanged."""
+    each group of ``group_size`` rows; and ``returns`` set to each row's total reward on its tokens (the value
+    targets of a terminal reward with no discount), the scale ``--gear-tau-relative`` reads. Shapings pass through
+    unchanged."""
 
     def to_view(self, sb: StepBatch) -> StepBatch:
         mask = sb.mask if sb.mask is not None else torch.ones_like(sb.rewards)
@@ -75,7 +77,7 @@ class GroupBaselineView:
         groups = torch.arange(score.shape[0]) // g
         n = torch.zeros(int(groups.max()) + 1).index_add_(0, groups, torch.ones_like(score))
         mean = torch.zeros_like(n).index_add_(0, groups, score) / n
-        return dataclasses.replace(sb, values=mean[groups][:, None] * mask)
+        return dataclasses.replace(sb, values=mean[groups][:, None] * mask, returns=score[:, None] * mask)
 
     def from_view(self, sh: Shaping) -> Shaping:
         return sh

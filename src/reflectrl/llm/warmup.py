@@ -84,11 +84,13 @@ class WarmupConfig:
             raise ConfigError("eval_every and eval_problems must be >= 1")
         if self.self_report not in ("off", "reflect", "confidence", "both"):
             raise ConfigError(f"self_report must be off, reflect, confidence or both, got {self.self_report!r}")
-        if not (0 <= self.self_report_negatives < 1 and 0 <= self.multi_turn_share <= 1 and 0 <= self.teacher_share < 1):
+        shares = (0 <= self.self_report_negatives < 1, 0 <= self.multi_turn_share <= 1, 0 <= self.teacher_share < 1)
+        if not all(shares):
             raise ConfigError("self_report_negatives and teacher_share must be in [0, 1), multi_turn_share in [0, 1]")
 
 
-REPORTS = {"reflect": ("solved", "unsolved"), "confidence": (("0.6", "0.7", "0.8", "0.9"), ("0.1", "0.2", "0.3", "0.4"))}
+REPORTS = {"reflect": ("solved", "unsolved"),
+           "confidence": (("0.6", "0.7", "0.8", "0.9"), ("0.1", "0.2", "0.3", "0.4"))}
 
 
 def _tokens(tok: Any, text: str) -> list[int]:

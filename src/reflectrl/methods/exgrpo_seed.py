@@ -188,9 +188,11 @@ class ExGRPOSeedOptions:
         return [
             (self.refl_memory >= 2, "--refl-memory must be at least 2"),
             (0 <= self.refl_priority_mix <= 1, "--refl-priority-mix must be in [0, 1]"),
-            (self.refl_priority_alpha >= 0 and self.refl_priority_eps > 0, "--refl-priority-alpha >= 0 and --refl-priority-eps > 0"),
+            (self.refl_priority_alpha >= 0 and self.refl_priority_eps > 0,
+             "--refl-priority-alpha >= 0 and --refl-priority-eps > 0"),
             (0 <= self.refl_coef_ramp <= 1, "--refl-coef-ramp must be in [0, 1]"),
-            (self.refl_every >= 1 and self.refl_epochs >= 1 and self.refl_batch >= 1, "--refl-every/-epochs/-batch must be at least 1"),
+            (self.refl_every >= 1 and self.refl_epochs >= 1 and self.refl_batch >= 1,
+             "--refl-every/-epochs/-batch must be at least 1"),
             (self.refl_lr > 0, "--refl-lr must be positive"),
             (self.refl_min_memory >= 2, "--refl-min-memory must be at least 2"),
             (self.refl_ensemble >= 1, "--refl-ensemble must be at least 1"),
@@ -231,7 +233,8 @@ class ReflectionMemory:
             return torch.zeros(pooled.shape[0]), {}
         sig, kept = aggregate_reflection(self.reflector.reflect(pooled), self.o.refl_confidence, self.o.refl_vote)
         coef = self.schedule(progress)
-        return coef * self.scale() * sig, {"exgrpo/refl_mean": float(sig.mean()), "exgrpo/refl_std": float(sig.std()) if sig.numel() > 1 else 0.0,
+        return coef * self.scale() * sig, {"exgrpo/refl_mean": float(sig.mean()),
+                                           "exgrpo/refl_std": float(sig.std()) if sig.numel() > 1 else 0.0,
                                            "exgrpo/refl_kept_frac": float(kept.float().mean()), "exgrpo/coef": coef}
 
     def train(self) -> dict[str, float]:

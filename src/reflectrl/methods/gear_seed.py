@@ -107,7 +107,8 @@ class GearSeedOptions:
     gear_omega_normalize: bool = False
     """Divide omega by its batch mean after clipping."""
     gear_distill_target: Literal["return_to_go", "terminal"] = "return_to_go"
-    """V_d target: discounted reward-to-go of the winner (bootstrapped at truncation), or gamma^(T-t) * R (terminal-only reward)."""
+    """V_d target: discounted reward-to-go of the winner (bootstrapped at truncation), or gamma^(T-t) * R
+    (terminal-only reward)."""
     gear_distill_hidden: tuple[int, ...] = (64, 64)
     """Hidden widths of V_d (empty: a linear head)."""
     gear_distill_epochs: int = 3
@@ -125,7 +126,8 @@ class GearSeedOptions:
     gear_max_pending_groups: int = 64
     """Groups waiting for members to finish, at most (the oldest are dropped)."""
     gear_rank_coef: float = 0.0
-    """Weight of the seed's pairwise ranking loss (0: off, the token-level weighted loss alone): segments of one group ranked by mean omega * A, softplus(-scale * (l_i - l_j)) on their mean log-ratios, added to the PPO loss."""
+    """Weight of the seed's pairwise ranking loss (0: off, the token-level weighted loss alone): segments of one group
+    ranked by mean omega * A, softplus(-scale * (l_i - l_j)) on their mean log-ratios, added to the PPO loss."""
     gear_rank_scale: float = 1.0
     """Scale of the log-ratio difference inside the ranking loss."""
 
@@ -134,8 +136,10 @@ class GearSeedOptions:
             (0 < self.gear_top_frac <= 1, "--gear-top-frac must be in (0, 1]"),
             (self.gear_tau > 0, "--gear-tau must be positive"),
             (0 < self.gear_omega_min <= 1 <= self.gear_omega_max, "need 0 < --gear-omega-min <= 1 <= --gear-omega-max"),
-            (self.gear_distill_epochs >= 1 and self.gear_distill_minibatches >= 1, "--gear-distill-epochs/-minibatches must be at least 1"),
-            (self.gear_distill_batch >= 1 and self.gear_winner_buffer >= 1, "--gear-distill-batch/--gear-winner-buffer must be at least 1"),
+            (self.gear_distill_epochs >= 1 and self.gear_distill_minibatches >= 1,
+             "--gear-distill-epochs/-minibatches must be at least 1"),
+            (self.gear_distill_batch >= 1 and self.gear_winner_buffer >= 1,
+             "--gear-distill-batch/--gear-winner-buffer must be at least 1"),
             (self.gear_distill_lr > 0, "--gear-distill-lr must be positive"),
             (self.gear_target_sync >= 1, "--gear-target-sync must be at least 1"),
             (self.gear_max_pending_groups >= 1, "--gear-max-pending-groups must be at least 1"),
@@ -209,7 +213,8 @@ class GearSeed:
             v_d = self.target(states)[:, 0].reshape(batch.values.shape)
         tau = self.o.gear_tau
         if self.o.gear_tau_relative:
-            std = float(batch.returns.std()) if batch.returns.numel() > 1 else 0.0
+            ret = batch.returns if batch.mask is None else batch.returns[batch.mask.bool()]
+            std = float(ret.std()) if ret.numel() > 1 else 0.0
             tau *= std if std > 1e-8 else 1.0
         omega, clip_frac = omega_weights(v_d, batch.values, tau, self.o.gear_omega_min, self.o.gear_omega_max,
                                          self.o.gear_omega_normalize)

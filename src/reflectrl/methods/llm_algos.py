@@ -53,8 +53,9 @@ class RefGRPOSeedLLMConfig(RefGRPOSeedOptions, GRPOConfig):
     """refgrpo-seed on the LLM (seed 000, section 6): a reflection predictor on the policy's hidden states,
     regressed onto the normalized per-step advantages, and the calibration bonus on its error."""
 
-    reflection_unit: Literal["token", "turn"] = "token"
-    """The predictor's step: each generated token, or each agent turn (features and targets averaged over it)."""
+    reflection_unit: Literal["token", "turn"] = "turn"
+    """The predictor's step: each agent turn (features and targets averaged over it: one bonus per turn, so the
+    bonus does not grow with a completion's length), or each generated token."""
 
     def validate(self) -> None:
         GRPOConfig.validate(self)

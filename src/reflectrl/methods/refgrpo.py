@@ -2,7 +2,8 @@
 
 When an episode ends the environment asks the agent for a binary reflection, solved or unsolved
 (:mod:`reflectrl.tasks.selfreport`); the outcome is used for the reward and never shown to the agent.
-The reward becomes ``R = outcome + c * 1[reflection == outcome]``: the bonus is added to the outcome at the
+The reward becomes ``R = outcome + c * 1[reflection == correct]`` (for a binary outcome, the paper's
+``1[reflection == outcome]``): the bonus is added to the outcome at the
 episode's last token, *before* group normalization (a ``reward_delta`` of the method contract), with ``c``
 on a schedule (the paper: 0.1 for the first two thirds of training, then 0). A missing or malformed
 reflection earns no bonus and is counted (``refgrpo/missing_rate``).
@@ -54,10 +55,10 @@ class RefGRPO:
         """Nothing to learn."""
 
     def shape(self, batch: StepBatch) -> Shaping:
-        outcome = batch.info["outcome"]
-        reflection = batch.info.get("reflection", torch.full_like(outcome, float("nan")))
+        correct = batch.info["correct"]
+        reflection = batch.info.get("reflection", torch.full_like(correct, float("nan")))
         c = bonus_schedule(self.o.refgrpo_c, self.o.refgrpo_schedule, batch.progress, self.o.refgrpo_until)
-        bonus = reflection_bonus(outcome, reflection, c)
+        bonus = reflection_bonus(correct, reflection, c)
         missing = torch.isnan(reflection).float().mean()
         self._metrics = {"refgrpo/c": c, "refgrpo/bonus_mean": float(bonus.mean()),
                          "refgrpo/missing_rate": float(missing)}

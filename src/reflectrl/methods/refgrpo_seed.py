@@ -56,7 +56,8 @@ class RefGRPOSeedOptions:
     cal_alpha: float = 0.01
     """Bonus strength alpha in b_cal = -alpha * (f - target)^2 (chosen by measurement, BENCHMARKS.md)."""
     cal_target: Literal["raw", "normalized"] = "normalized"
-    """Bonus target: the normalized advantage (the loss's target; chosen by measurement) or the raw one (the seed's recommendation)."""
+    """Bonus target: the normalized advantage (the loss's target; chosen by measurement) or the raw one (the seed's
+    recommendation)."""
     cal_clip_k: float = 3.0
     """Clip the bonus to +-k * mean|r_t| of the batch."""
     cal_clip_floor: float = 0.0
@@ -74,7 +75,8 @@ class RefGRPOSeedOptions:
     cal_credit: Literal["gae", "advantage"] = "gae"
     """gae: add beta*b to the rewards and recompute GAE; advantage: add beta*b to the advantages."""
     reflection_input: Literal["obs_action", "obs_action_hidden", "trunk_head"] = "obs_action"
-    """Predictor input: obs + action; obs + action + actor's last hidden layer; or a head on the actor's last hidden layer (+ action)."""
+    """Predictor input: obs + action; obs + action + actor's last hidden layer; or a head on the actor's last hidden
+    layer (+ action)."""
     reflection_hidden: tuple[int, ...] = (64, 64)
     """Hidden widths of the reflection predictor (ReLU)."""
     reflection_epochs: int = 5
@@ -82,7 +84,8 @@ class RefGRPOSeedOptions:
     reflection_minibatches: int = 1
     """Minibatches per pass (1: full-batch steps, the cheapest)."""
     reflection_sample: float = 0.25
-    """Share of each batch's steps the predictor trains on (a fresh random subset per update; 1: all). The rest give L_cal_unseen."""
+    """Share of each batch's steps the predictor trains on (a fresh random subset per update; 1: all). The rest give
+    L_cal_unseen."""
     reflection_lr_mult: float = 3.0
     """Predictor Adam learning rate = this x the policy's initial learning rate."""
     reflection_weight_decay: float = 0.0

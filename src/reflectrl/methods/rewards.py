@@ -23,16 +23,18 @@ accuracy + (1 - (correct - q)^2)), and all three are 0 when the confidence tag i
 every valid outcome (the worst valid one, confidently wrong, is R = -1)."""
 
 
-def reflection_bonus(outcome: Tensor, reflection: Tensor, c: float) -> Tensor:
-    """refgrpo's bonus ``c * 1[reflection == outcome]``; a missing reflection (NaN) earns nothing."""
+def reflection_bonus(correct: Tensor, reflection: Tensor, c: float) -> Tensor:
+    """refgrpo's bonus ``c * 1[reflection == correct]`` (``correct`` in {0, 1}: the task's verdict, so a partial
+    score such as a test pass fraction below 1 is "unsolved"); a missing reflection (NaN) earns nothing."""
     valid = ~torch.isnan(reflection)
-    agree = valid & (reflection.round() == outcome.round())
-    return c * agree.to(outcome.dtype)
+    agree = valid & (reflection == correct.to(reflection.dtype))
+    return c * agree.to(correct.dtype)
 
 
-def refgrpo_reward(outcome: Tensor, reflection: Tensor, c: float) -> Tensor:
-    """``R = outcome + c * 1[reflection == outcome]`` (arXiv 2606.14211)."""
-    return outcome + reflection_bonus(outcome, reflection, c)
+def refgrpo_reward(outcome: Tensor, reflection: Tensor, c: float, correct: Tensor | None = None) -> Tensor:
+    """``R = outcome + c * 1[reflection == correct]`` (arXiv 2606.14211; ``correct`` defaults to the outcome,
+    for binary outcomes)."""
+    return outcome + reflection_bonus(outcome if correct is None else correct, reflection, c)
 
 
 def brier_term(correct: Tensor, confidence: Tensor) -> Tensor:

@@ -23,8 +23,16 @@ from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
 from ..sandbox import BATCH_SIZE, SandboxPool, Verdict, check_job, run_tests
-from .base import (Problem, SingleTurnEnv, check_split, in_heldout, register_task, stable_hash, step_info,
-                   strip_self_report)
+from .base import (
+    Problem,
+    SingleTurnEnv,
+    check_split,
+    in_heldout,
+    register_task,
+    stable_hash,
+    step_info,
+    strip_self_report,
+)
 
 MAX_COMPLETION_CHARS = 20_000  # longer completions are cut here (no reference solution comes close)
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#", "\nassert ")

@@ -274,6 +274,7 @@ class GRPO(PolicyUpdate, Trainer):
                 "completion/mean_length": float(lens.mean()), "completion/max_length": float(lens.max()),
                 "completion/truncated_frac": float(batch.truncated.float().mean()),
                 "rollout/turns": float((batch.turn_ids.max(1).values + 1).float().mean()),
+                "rollout/tool_calls": tool_calls(batch),
                 **calibration_metrics(batch)}
 
     def log_samples(self, batch: TokenBatch, path: Path) -> None:
@@ -373,6 +374,16 @@ def step_batch(trainer: GRPO, batch: TokenBatch) -> StepBatch:
                      progress=(trainer.update_idx - 1) / max(trainer.cfg.updates, 1),
                      group_size=trainer.cfg.group_size, turn_ids=batch.turn_ids, info=episode_info(batch),
                      per_step=per_step_extras(batch))
+
+
+TOOL_KINDS = ("sql", "search")  # the env infos' "kind" of a turn that queried a database or searched a corpus
+
+
+def tool_calls(batch: TokenBatch) -> float:
+    """Mean number of tool turns (queries run, searches made) per episode of a multi-turn task."""
+    if not batch.infos:
+        return 0.0
+    return sum(sum(1 for i in rows if i.get("kind") in TOOL_KINDS) for rows in batch.infos) / max(len(batch.infos), 1)
 
 
 def per_step_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from .cliutil import check_seed, run_command
 from .errors import ConfigError
@@ -116,13 +117,17 @@ def _delegate(module: str, func: str = "main"):
     return run
 
 
+DEMO_TASK = ("digits=1", "n_train=200", "n_heldout=100")  # one-digit arithmetic: a tiny model learns it in minutes
+
+
 def cmd_demo(argv: list[str]) -> int:
-    """``reflectrl demo``: a quick comparison of ppo, refgrpo-seed and gear-seed on LunarLander-v3 (its tuned
-    preset)."""
+    """``reflectrl demo``: ppo, refgrpo-seed and gear-seed on LunarLander-v3 (its tuned preset), then grpo against
+    rlcr on a tiny language model (one-digit arithmetic, a stated confidence after each answer)."""
     ap = argparse.ArgumentParser(prog="reflectrl demo", description=cmd_demo.__doc__)
-    ap.add_argument("--total-timesteps", type=int, default=300_000, help="steps per run (default 300000)")
+    ap.add_argument("--total-timesteps", type=int, default=300_000, help="steps per control run (default 300000)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
     ap.add_argument("--workers", type=int, default=2, help="runs at a time (default 2)")
+    ap.add_argument("--llm-updates", type=int, default=80, help="updates per LLM run (default 80; 0 skips the LLM part)")
     ap.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     args = ap.parse_args(argv)
     from .eval.compare import main as compare_main
@@ -132,6 +137,30 @@ def cmd_demo(argv: list[str]) -> int:
         "--seeds", str(args.seeds), "--total-timesteps", str(args.total_timesteps), "--out", args.out,
         "--workers", str(args.workers), "--extra", "--preset", "LunarLander-v3",
     ])
+    if rc != 0 or args.llm_updates <= 0:
+        return rc
+    return _demo_llm(Path(args.out) / "llm", args.seeds, args.workers, args.llm_updates)
+
+
+def _demo_llm(out: Path, seeds: int, workers: int, updates: int) -> int:
+    """A tiny model (built once, warmed up with self-reports), then ``reflectrl llm compare`` of grpo and rlcr."""
+    from .eval.llm_compare import main as llm_compare_main
+    from .llm.tiny import init_tiny
+    from .llm.warmup import WarmupConfig, warmup
+
+    model = out / "model"
+    if not (model / "warmup.json").is_file():
+        print("building a tiny model: init-tiny and a short warm-up with self-reports", flush=True)
+        tiny = init_tiny(out / "tiny", layers=2, width=64, heads=4, max_positions=128, seed=0, force=True)
+        warmup(WarmupConfig(model=str(tiny), task="arith", task_options=DEMO_TASK, out=str(model), steps=300,
+                            batch_size=32, learning_rate=3e-3, self_report="both", progress=False, force=True))
+    rc = llm_compare_main([
+        "--methods", "grpo", "rlcr", "--tasks", "arith", "--seeds", str(seeds), "--updates", str(updates),
+        "--model", str(model), "--out", str(out / "cmp"), "--workers", str(workers), "--eval-limit", "100",
+        "--bootstrap-reps", "1000", "--extra", "--set", DEMO_TASK[0], "--set", DEMO_TASK[1], "--set", DEMO_TASK[2],
+        "--prompts-per-update", "16", "--group-size", "8", "--learning-rate", "1e-3", "--minibatches", "2",
+    ])
+    print(f"LLM comparison: {out / 'cmp' / 'report.md'} (reliability diagram: {out / 'cmp' / 'reliability_arith.png'})")
     return rc
 
 
@@ -152,7 +181,7 @@ commands:
   plot      redraw curves from run directories
   llm       LLM agents: init-tiny, warmup, train (GRPO family), eval
   tasks     verifiable tasks: validate reference solutions
-  demo      a quick comparison of ppo, refgrpo-seed and gear-seed on LunarLander-v3
+  demo      ppo, refgrpo-seed, gear-seed on LunarLander-v3, then grpo against rlcr on a tiny language model
 """
 
 

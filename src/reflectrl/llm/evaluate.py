@@ -96,6 +96,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     correct = np.zeros((len(problems), per), dtype=bool)
     scores = np.zeros((len(problems), per))
     finals: list[dict[str, Any]] = []
+    episodes: list[tuple[list[dict[str, Any]], bool]] = []
     try:
         step = max(1, gen_batch // per) * 4
         for s in range(0, len(problems), step):
@@ -104,6 +105,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
             correct[s:s + len(chunk)] = batch.correct.numpy().reshape(len(chunk), per)
             scores[s:s + len(chunk)] = batch.scores.numpy().reshape(len(chunk), per)
             finals += [(rows[-1] if rows else {}) for rows in batch.infos]
+            episodes += [(rows, bool(c)) for rows, c in zip(batch.infos, batch.correct.tolist())]
     finally:
         ro.close()
         policy.train(was_training)
@@ -111,6 +113,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
                            "confidence": confidence, "mean_score": float(scores.mean())}
     if self_report not in (None, "off"):
         out.update(_report_metrics(self_report, correct.reshape(-1), finals))
+    out.update(_episode_metrics(episodes))
     if greedy:
         k = int(correct.sum())
         out.update(mode="greedy", accuracy=k / len(problems), ci=list(wilson_interval(k, len(problems), confidence)))
@@ -124,6 +127,27 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
                accuracy=float(p1.mean()), ci=list(bootstrap_ci(p1, np.mean, confidence)),
                **{f"pass@{samples}": float(pk.mean()),
                   f"pass@{samples}_ci": list(bootstrap_ci(pk, np.mean, confidence))})
+    return out
+
+
+def _episode_metrics(episodes: list[tuple[list[dict[str, Any]], bool]]) -> dict[str, Any]:
+    """Tool calls per episode (queries, searches), the ECE of confidences stated along the episodes and the
+    premature-answer rate (a task that says how many searches a question needs), where the task logs them."""
+    from ..eval.calibration import ece
+
+    out: dict[str, Any] = {}
+    kinds = [sum(1 for i in rows if i.get("kind") in ("sql", "search")) for rows, _ in episodes]
+    if any(kinds):
+        out["tool_calls"] = float(np.mean(kinds))
+    steps = [(float(i["confidence"]), float(ok)) for rows, ok in episodes for i in rows
+             if isinstance(i.get("confidence"), (int, float)) and "self_report" not in i]
+    if steps:
+        v = ece([q for q, _ in steps], [y for _, y in steps])
+        out["step_ece"] = v if math.isfinite(v) else None
+        out["step_reports"] = len(steps) / len(episodes)
+    prem = [bool(rows[-1]["premature"]) for rows, _ in episodes if rows and "premature" in rows[-1]]
+    if prem:
+        out["premature_rate"] = float(np.mean(prem))
     return out
 
 

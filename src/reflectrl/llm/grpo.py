@@ -412,14 +412,27 @@ def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:
 
 
 def calibration_metrics(batch: TokenBatch) -> dict[str, float]:
-    """The self-report metrics of a rollout batch (``calibration/...``); empty without self-reports."""
-    info = episode_info(batch)
-    if "reflection" not in info and "confidence" not in info:
-        return {}
-    from ..eval.calibration import self_report_metrics
+    """The self-report metrics of a rollout batch (``calibration/...``): of the reports asked after the episode,
+    and ``calibration/step_ece`` of the confidences stated along it (every turn's, against the episode's
+    outcome); with a task that says how many searches a question needs, ``rollout/premature_rate`` (answered
+    wrong after fewer searches than needed). Empty without any."""
+    from ..eval.calibration import ece, self_report_metrics
 
-    m = self_report_metrics(info["correct"], info.get("reflection"), info.get("confidence"))
-    return {f"calibration/{k}": v for k, v in m.items() if k != "accuracy"}
+    info = episode_info(batch)
+    out: dict[str, float] = {}
+    if "reflection" in info or "confidence" in info:
+        m = self_report_metrics(info["correct"], info.get("reflection"), info.get("confidence"))
+        out.update({f"calibration/{k}": v for k, v in m.items() if k != "accuracy"})
+    rows = batch.infos or []
+    steps = [(float(i["confidence"]), float(c)) for r, c in zip(rows, batch.correct.tolist()) for i in r
+             if isinstance(i.get("confidence"), (int, float)) and "self_report" not in i]
+    if steps:
+        out["calibration/step_ece"] = ece([q for q, _ in steps], [y for _, y in steps])
+        out["calibration/step_reports"] = len(steps) / max(len(rows), 1)
+    finals = [r[-1] for r in rows if r and "premature" in r[-1]]
+    if finals:
+        out["rollout/premature_rate"] = sum(bool(f["premature"]) for f in finals) / len(finals)
+    return out
 
 
 def _zero_std_rows(batch: TokenBatch) -> torch.Tensor:

@@ -19,7 +19,8 @@ class Recipe:
     warmup_target: float
     train: tuple[str, ...]
     updates: int
-    """Updates that take GRPO about the recipe's 600 CPU-seconds on a 2-core machine (the llm_learn budget)."""
+    """The default update budget of one ``reflectrl llm compare`` run (``--updates`` overrides it); BENCHMARKS.md
+    gives the CPU time GRPO takes for it."""
 
 
 RECIPES: dict[str, Recipe] = {
@@ -30,7 +31,7 @@ RECIPES: dict[str, Recipe] = {
         warmup_target=0.2,
         train=("--prompts-per-update", "32", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "4",
                "--temperature", "1.0", "--gen-batch", "128"),
-        updates=3000),
+        updates=1200),
     "codegen": Recipe(
         tiny=("--layers", "2", "--width", "64", "--heads", "4"),
         warmup=("--steps", "5000", "--batch-size", "32", "--learning-rate", "3e-3", "--eval-every", "25",
@@ -38,23 +39,23 @@ RECIPES: dict[str, Recipe] = {
         warmup_target=0.2,
         train=("--prompts-per-update", "16", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "4",
                "--temperature", "1.0", "--gen-batch", "32", "--reward-workers", "4"),
-        updates=640),
+        updates=300),
     "text2sql": Recipe(
         tiny=("--layers", "2", "--width", "64", "--heads", "4", "--max-positions", "1024"),
-        warmup=("--steps", "3000", "--batch-size", "32", "--learning-rate", "3e-3", "--eval-every", "100",
+        warmup=("--steps", "2000", "--batch-size", "32", "--learning-rate", "3e-3", "--eval-every", "100",
                 "--eval-problems", "64"),
         warmup_target=0.2,
         train=("--prompts-per-update", "8", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "2",
                "--temperature", "1.0", "--gen-batch", "64", "--reward-workers", "4"),
-        updates=400),
+        updates=150),
     "rag": Recipe(
         tiny=("--layers", "2", "--width", "64", "--heads", "4", "--max-positions", "1024"),
-        warmup=("--steps", "3000", "--batch-size", "32", "--learning-rate", "3e-3", "--eval-every", "100",
+        warmup=("--steps", "2000", "--batch-size", "32", "--learning-rate", "3e-3", "--eval-every", "100",
                 "--eval-problems", "64"),
         warmup_target=0.2,
         train=("--prompts-per-update", "8", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "2",
                "--temperature", "1.0", "--gen-batch", "64", "--reward-workers", "4"),
-        updates=500),
+        updates=200),
 }
 
 

@@ -178,6 +178,7 @@ class RAGTask:
 
     name = "rag"
     multi_turn = True
+    max_new_tokens = 64  # one turn: a search or an answer with its confidence tag (~50 characters)
 
     def __init__(self, k: int = 2, max_turns: int = 4, metric: str = "em", report: str = "confidence",
                  instructions: bool = True, n_companies: int = 48, people: int = 3, heldout_fraction: float = 0.2,

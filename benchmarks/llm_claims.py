@@ -1,0 +1,145 @@
+"""The LLM self-assessment claims, tested on ``reflectrl llm compare`` output folders.
+
+    python benchmarks/llm_claims.py --out runs/cmp_llm/arith13 --task arith --baseline grpo \
+        --methods refgrpo rlcr refgrpo-seed --json-out benchmarks/results/llm_claims_arith.json
+
+Per method the runs are paired with the baseline's by seed (the same warmed-up model per seed). For each
+metric of the held-out evaluation (accuracy, and the calibration of the self-reports asked after each
+answer) the script gives the mean over seeds of method and baseline, and P(method better than baseline)
+with its 95% bootstrap CI over seeds (better: higher accuracy, reflection accuracy, AUROC, selective score;
+lower ECE, Brier, underconfidence, overconfidence). Verdicts: **holds** when the CI lies above 0.5,
+**does not hold** when it lies below, **level (within noise)** otherwise; for "accuracy not lower" the claim
+holds unless the CI lies below 0.5. Two checks of self-knowledge per method, baselines included: AUROC above
+0.5 beyond noise (bootstrap CI of the mean over seeds), and reflection accuracy above the best constant
+reflection max(acc, 1 - acc) (CI of the mean per-seed difference above 0). A verdict needs ``--min-seeds``
+pairs (default 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from reflectrl.eval.stats import bootstrap_ci, probability_of_improvement_ci
+
+HIGHER = ("accuracy", "reflection_accuracy", "auroc", "selective_score")
+LOWER = ("ece", "brier", "underconfidence", "overconfidence")
+
+
+def load(out: Path, task: str, method: str) -> dict[int, dict]:
+    """Seed -> the run's eval.json (finished runs only)."""
+    runs = {}
+    for d in sorted((out / "runs" / task / method).glob("seed_*")):
+        p = d / "eval.json"
+        if p.is_file():
+            runs[int(d.name.split("_")[1])] = json.loads(p.read_text())
+    return runs
+
+
+def value(ev: dict, key: str) -> float:
+    v = ev.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+
+def compare(m: dict[int, dict], b: dict[int, dict], key: str) -> dict:
+    seeds = sorted(set(m) & set(b))
+    x = np.array([value(m[s], key) for s in seeds])
+    y = np.array([value(b[s], key) for s in seeds])
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) == 0:
+        return {"n": 0}
+    better = (x, y) if key in HIGHER else (y, x)  # P(first > second) is P(method better)
+    p = probability_of_improvement_ci(*better) if len(x) >= 2 else (float("nan"),) * 3
+    return {"n": int(len(x)), "method": float(x.mean()), "baseline": float(y.mean()), "p_better": [float(v) for v in p]}
+
+
+def verdict(c: dict, min_seeds: int, not_lower: bool = False) -> str:
+    if c.get("n", 0) < min_seeds:
+        return f"too few seeds ({c.get('n', 0)})"
+    p, lo, hi = c["p_better"]
+    if not math.isfinite(lo):
+        return "no CI"
+    if not_lower:
+        return "does not hold" if hi < 0.5 else "holds"
+    return "holds" if lo > 0.5 else "does not hold" if hi < 0.5 else "level (within noise)"
+
+
+def self_knowledge(runs: dict[int, dict], min_seeds: int) -> dict:
+    """AUROC above 0.5 and reflection accuracy above the best constant, each beyond noise over seeds."""
+    au = np.array([value(e, "auroc") for e in runs.values()])
+    au = au[np.isfinite(au)]
+    diff = np.array([value(e, "reflection_accuracy") - value(e, "best_constant") for e in runs.values()])
+    diff = diff[np.isfinite(diff)]
+    out = {}
+    for name, arr, ref in (("auroc", au, 0.5), ("reflection_minus_best_constant", diff, 0.0)):
+        if len(arr) < min_seeds:
+            out[name] = {"n": int(len(arr)), "verdict": f"too few seeds ({len(arr)})"}
+            continue
+        lo, hi = bootstrap_ci(arr, np.mean)
+        out[name] = {"n": int(len(arr)), "mean": float(arr.mean()), "ci": [float(lo), float(hi)],
+                     "verdict": "holds" if lo > ref else "does not hold" if hi < ref else "level (within noise)"}
+    return out
+
+
+def fmt(c: dict) -> str:
+    if c.get("n", 0) == 0:
+        return "n/a"
+    p, lo, hi = c["p_better"]
+    if not math.isfinite(p):
+        return f"{c['method']:.3f} / {c['baseline']:.3f}"
+    return f"{c['method']:.3f} / {c['baseline']:.3f}, P = {p:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="a `reflectrl llm compare --out` folder")
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--baseline", default="grpo")
+    ap.add_argument("--methods", nargs="+", required=True)
+    ap.add_argument("--min-seeds", type=int, default=3)
+    ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--md-out", type=Path, default=None)
+    a = ap.parse_args()
+    base = load(a.out, a.task, a.baseline)
+    keys = HIGHER + LOWER
+    result = {"task": a.task, "baseline": a.baseline, "out": str(a.out), "seeds_baseline": sorted(base),
+              "self_knowledge": {a.baseline: self_knowledge(base, a.min_seeds)}, "methods": {}}
+    rows = ["| metric (held-out) | better | " + " | ".join(f"{m} / {a.baseline}, P({m} better) [95% CI]" for m in a.methods)
+            + " |", "|---|---|" + "---|" * len(a.methods)]
+    cells: dict[str, list[str]] = {k: [] for k in keys}
+    for m in a.methods:
+        runs = load(a.out, a.task, m)
+        cmp = {k: compare(runs, base, k) for k in keys}
+        verdicts = {k: verdict(c, a.min_seeds, not_lower=(k == "accuracy")) for k, c in cmp.items()}
+        result["methods"][m] = {"seeds": sorted(set(runs) & set(base)), "metrics": cmp, "verdicts": verdicts}
+        result["self_knowledge"][m] = self_knowledge(runs, a.min_seeds)
+        for k in keys:
+            cells[k].append(f"{fmt(cmp[k])}: {'not lower: ' if k == 'accuracy' else ''}{verdicts[k]}")
+    for k in keys:
+        rows.append(f"| {k} | {'higher' if k in HIGHER else 'lower'} | " + " | ".join(cells[k]) + " |")
+    rows.insert(0, f"Seeds paired with {a.baseline}: " + ", ".join(
+        f"{m} {len(result['methods'][m]['seeds'])}" for m in a.methods) + ".\n")
+    sk = ["", "| method | mean AUROC [95% CI] (> 0.5?) | reflection acc. - best constant [95% CI] (> 0?) |", "|---|---|---|"]
+    for m, s in result["self_knowledge"].items():
+        cells = []
+        for name in ("auroc", "reflection_minus_best_constant"):
+            e = s[name]
+            cells.append(f"{e['mean']:.3f} [{e['ci'][0]:.3f}, {e['ci'][1]:.3f}] ({e['verdict']})" if "mean" in e
+                         else e["verdict"])
+        sk.append(f"| {m} | " + " | ".join(cells) + " |")
+    text = "\n".join(rows + sk)
+    print(text)
+    if a.md_out:
+        a.md_out.write_text(text + "\n")
+    if a.json_out:
+        a.json_out.parent.mkdir(parents=True, exist_ok=True)
+        a.json_out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""The table of benchmarks/results/llm_overhead.json (benchmarks/llm_overhead.py) for render_all.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+p = Path(__file__).resolve().parent / "results" / "llm_overhead.json"
+if not p.is_file():
+    print("(not produced yet: benchmarks/results/llm_overhead.json)")
+else:
+    d = json.loads(p.read_text())
+    print(f"{d['task']}, {d['updates']} updates per run, {d['rounds']} rounds; settings `{d['settings']}`.\n")
+    print("| method | baseline | CPU per token, ratio (median) | per round | CPU per update, ratio | tokens per update, ratio "
+          "| bar | within |")
+    print("|---|---|---|---|---|---|---|---|")
+    for m, r in d.items():
+        if isinstance(r, dict) and "ratio_per_token" in r:
+            print(f"| {m} | {r['baseline']} | {r['ratio_per_token']:.3f} | {', '.join(f'{x:.3f}' for x in r['ratios_per_token'])} "
+                  f"| {r['ratio_per_update']:.3f} | {r['tokens_per_update_ratio']:.3f} | {r['bar']:.2f} | "
+                  f"{'yes' if r['within_bar'] else 'no'} |")

@@ -16,6 +16,7 @@ else:
     print("|---|---|---|---|---|---|---|---|")
     for m, r in d.items():
         if isinstance(r, dict) and "ratio_per_token" in r:
-            print(f"| {m} | {r['baseline']} | {r['ratio_per_token']:.3f} | {', '.join(f'{x:.3f}' for x in r['ratios_per_token'])} "
+            rounds = ", ".join(f"{x:.3f}" for x in r["ratios_per_token"])
+            print(f"| {m} | {r['baseline']} | {r['ratio_per_token']:.3f} | {rounds} "
                   f"| {r['ratio_per_update']:.3f} | {r['tokens_per_update_ratio']:.3f} | {r['bar']:.2f} | "
                   f"{'yes' if r['within_bar'] else 'no'} |")

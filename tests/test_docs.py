@@ -43,10 +43,6 @@ SKIP_TAG = re.compile(r"^\s*<!--\s*docs-test:\s*skip\b\s*(.*?)\s*-->\s*$")
 
 # blocks of pages that do not carry the skip tag yet: (page, first code line) -> reason
 UNTAGGED_SKIPS = {
-    ("docs/architecture.md", "# src/reflectrl/methods/my_method.py"):
-        "STALE: written for the registry before reflectrl.registry (Algo(name, kind, config_cls, build, "
-        "description) from reflectrl.registry; reflectrl.control.algos no longer exists) and before the method "
-        "contract (MethodRunner); to be rewritten, then this entry removed",
     ("docs/calibration.md", "from reflectrl.eval.calibration import auroc, brier, ece, reflection_metrics, "
                             "risk_coverage"):
         "a list of calls on the reader's own confidence / correct arrays",

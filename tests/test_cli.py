@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from reflectrl.cli import main
@@ -43,7 +44,11 @@ def test_train_then_eval_smoke(tmp_path):
     e = cli("eval", str(run), "--episodes", "3", "--json")
     assert e.returncode == 0, e.stderr
     out = json.loads(e.stdout.strip().splitlines()[-1])
-    assert out["episodes"] == 3 and out["mean"] > 0 and out["std"] >= 0
+    rets = out["returns"]
+    assert out["episodes"] == len(rets) == 3 and all(r >= 1 and r == int(r) for r in rets)  # CartPole: +1 a step
+    assert out["mean"] == pytest.approx(sum(rets) / 3) and out["std"] == pytest.approx(float(np.std(rets)))
+    again = cli("eval", str(run), "--episodes", "3", "--json")
+    assert json.loads(again.stdout.strip().splitlines()[-1])["returns"] == rets  # same seed, same episodes
     # resume a finished run to a larger budget
     r = cli("train", "--resume", str(run), "--total-timesteps", "384", "--no-progress")
     assert r.returncode == 0, r.stderr

@@ -25,9 +25,14 @@ from ..runlog import ensure_writable_dir, ensure_writable_file
 from .rundata import EPISODIC_RETURN, load_run
 from .runner import RunSpec, make_result, materialize, plan, run_local
 
-# Flags compare sets itself for every run; a method's or --extra's arguments may not repeat them.
-RESERVED = ("--algo", "--env-id", "--seed", "--total-timesteps", "--run-dir", "--resume", "--progress",
-            "--no-progress")
+# Flags each compare command sets itself for every run (and what it takes instead); a method's or --extra's
+# arguments may not repeat them.
+RESERVED = {
+    "control": (("--algo", "--env-id", "--seed", "--total-timesteps", "--run-dir", "--resume", "--progress",
+                 "--no-progress"), "compare", "use --env-ids, --seeds, --total-timesteps, --out"),
+    "llm": (("--algo", "--task", "--seed", "--updates", "--run-dir", "--resume", "--model", "--no-progress"),
+            "llm compare", "use --tasks, --seeds, --updates, --model, --out"),
+}
 LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
@@ -41,7 +46,7 @@ class MethodSpec:
     args: tuple[str, ...] = ()
 
 
-def parse_method(text: str) -> MethodSpec:
+def parse_method(text: str, kind: str = "control") -> MethodSpec:
     """Parse ``"ppo"`` or ``"ppo-lr3=ppo --learning-rate 3e-4"`` (one shell word, quoted)."""
     words = shlex.split(text)
     if not words:
@@ -51,16 +56,40 @@ def parse_method(text: str) -> MethodSpec:
     if not LABEL.match(label) or not algo:
         raise ConfigError(f"bad --methods entry {text!r}: use ALGO or 'LABEL=ALGO [TRAIN FLAGS]' with a label of "
                           "letters, digits, '.', '_', '+', '-'")
-    check_train_args(args, f"--methods {label}")
+    check_train_args(args, f"--methods {label}", kind)
     return MethodSpec(label, algo, args)
 
 
-def check_train_args(args: Sequence[str], where: str) -> None:
-    """Refuse flags that compare sets for every run."""
+def check_train_args(args: Sequence[str], where: str, kind: str = "control") -> None:
+    """Refuse flags that the compare command of front end ``kind`` sets for every run."""
+    flags, command, instead = RESERVED[kind]
     for a in args:
-        if a.split("=", 1)[0] in RESERVED:
-            raise ConfigError(f"{where}: {a.split('=', 1)[0]} is set by compare for every run; remove it "
-                              "(use --env-ids, --seeds, --total-timesteps, --out)")
+        if a.split("=", 1)[0] in flags:
+            raise ConfigError(f"{where}: {a.split('=', 1)[0]} is set by {command} for every run; remove it ({instead})")
+
+
+def check_grid_args(args: argparse.Namespace, kind: str, checks: Sequence[tuple[bool, str]]) -> list[MethodSpec]:
+    """The checks both ``compare`` commands share (seeds, workers, retries, early fraction, bootstrap replicates),
+    then ``checks`` of their own, then the ``--methods`` entries: parsed, distinct labels, known algos of
+    ``kind``. One ConfigError for the first that fails."""
+    from ..algos import algo_names
+
+    common = [(args.seeds >= 1, "--seeds must be at least 1"), (args.workers >= 1, "--workers must be at least 1"),
+              (args.retries >= 0, "--retries must be non-negative"),
+              (0 < args.early_fraction <= 1, "--early-fraction must be in (0, 1]"),
+              (args.bootstrap_reps >= 100, "--bootstrap-reps must be at least 100")]
+    for ok, msg in [*common, *checks]:
+        if not ok:
+            raise ConfigError(msg)
+    methods = [parse_method(m, kind) for m in args.methods]
+    labels = [m.label for m in methods]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--methods names a method twice ({', '.join(labels)}); give variants distinct labels")
+    known = algo_names(kind)
+    for m in methods:
+        if m.algo not in known:
+            raise ConfigError(f"unknown --algo {m.algo!r} in --methods; available: {', '.join(known)}")
+    return methods
 
 
 def run_dir_for(out: Path, env_id: str, method: str, seed: int) -> Path:
@@ -126,27 +155,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> list[MethodSpec]:
-    checks = [(args.seeds >= 1, "--seeds must be at least 1"),
-              (args.total_timesteps > 0, "--total-timesteps must be positive"),
-              (args.workers >= 1, "--workers must be at least 1"),
-              (args.retries >= 0, "--retries must be non-negative"),
-              (args.eval_episodes >= 1, "--eval-episodes must be at least 1"),
-              (0 < args.early_fraction <= 1, "--early-fraction must be in (0, 1]"),
-              (args.bootstrap_reps >= 100, "--bootstrap-reps must be at least 100")]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(msg)
-    methods = [parse_method(m) for m in args.methods]
-    labels = [m.label for m in methods]
-    if len(set(labels)) != len(labels):
-        raise ConfigError(f"--methods names a method twice ({', '.join(labels)}); give variants distinct labels")
-    from ..algos import algo_names
     from ..control.envs import check_env_id
 
-    known = algo_names("control")
-    for m in methods:
-        if m.algo not in known:
-            raise ConfigError(f"unknown --algo {m.algo!r} in --methods; available: {', '.join(known)}")
+    methods = check_grid_args(args, "control", [(args.total_timesteps > 0, "--total-timesteps must be positive"),
+                                                (args.eval_episodes >= 1, "--eval-episodes must be at least 1")])
     for env in args.env_ids:
         check_env_id(env)
     if args.stats_engine == "rliable":

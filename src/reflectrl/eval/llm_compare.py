@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ConfigError, ReflectRLError
-from .compare import MethodSpec, check_train_args, parse_method
+from .compare import MethodSpec, check_grid_args, check_train_args
 from .runner import RunSpec, _run_cli, make_result, materialize, plan, run_local
-
-LLM_RESERVED = ("--algo", "--task", "--seed", "--updates", "--run-dir", "--resume", "--model", "--no-progress")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,27 +59,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> list[MethodSpec]:
-    from ..algos import algo_names
     from ..tasks.base import get_task
 
-    checks = [(args.seeds >= 1, "--seeds must be at least 1"), (args.workers >= 1, "--workers must be at least 1"),
-              (args.updates is None or args.updates >= 1, "--updates must be at least 1"),
-              (args.retries >= 0, "--retries must be non-negative"),
-              (args.eval_limit is None or args.eval_limit >= 1, "--eval-limit must be at least 1"),
-              (0 < args.early_fraction <= 1, "--early-fraction must be in (0, 1]"),
-              (args.bootstrap_reps >= 100, "--bootstrap-reps must be at least 100")]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(msg)
-    methods = [parse_method(m) for m in args.methods]
-    labels = [m.label for m in methods]
-    if len(set(labels)) != len(labels):
-        raise ConfigError(f"--methods names a method twice ({', '.join(labels)}); give variants distinct labels")
-    known = algo_names("llm")
-    for m in methods:
-        if m.algo not in known:
-            raise ConfigError(f"unknown --algo {m.algo!r} in --methods; available: {', '.join(known)}")
-        _check_llm_args(m.args, f"--methods {m.label}")
+    methods = check_grid_args(args, "llm", [(args.updates is None or args.updates >= 1, "--updates must be at least 1"),
+                                            (args.eval_limit is None or args.eval_limit >= 1,
+                                             "--eval-limit must be at least 1")])
     for task in args.tasks:
         get_task(task)
         if args.model is None:
@@ -91,12 +73,6 @@ def _validate(args: argparse.Namespace) -> list[MethodSpec]:
     if args.model is not None and not Path(args.model).is_dir():
         raise ConfigError(f"--model {args.model} is not a model directory")
     return methods
-
-
-def _check_llm_args(args: Sequence[str], where: str) -> None:
-    for a in args:
-        if a.split("=", 1)[0] in LLM_RESERVED:
-            raise ConfigError(f"{where}: {a.split('=', 1)[0]} is set by llm compare for every run; remove it")
 
 
 def model_dir(out: Path, task: str, seed: int) -> Path:
@@ -154,8 +130,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     methods = _validate(args)
     extra = [w for a in args.extra for w in shlex.split(a)]
-    _check_llm_args(extra, "--extra")
-    check_train_args(extra, "--extra")
+    check_train_args(extra, "--extra", "llm")
     out = Path(args.out).resolve()
     try:
         out.mkdir(parents=True, exist_ok=True)

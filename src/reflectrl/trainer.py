@@ -233,6 +233,17 @@ class Trainer:
     def after_load(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         """Work after the state is restored (rebuild envs, sync an engine)."""
 
+    @property
+    def is_main(self) -> bool:
+        """True in the process that writes the run directory: always, except in the processes of a distributed
+        run other than rank 0 (which train but write no logs, checkpoints or progress)."""
+        return True
+
+    def agree(self, *flags: bool) -> tuple[bool, ...]:
+        """The flags as every process of a distributed run sees them (true where any process's is), so they all
+        stop together; one process: as given."""
+        return flags
+
     # ------------------------------------------------------------------ the loop
     def header(self) -> dict[str, Any]:
         return {"kind": self.kind, "algo": self.algo_name}
@@ -245,24 +256,25 @@ class Trainer:
             raise ConfigError(f"run directory {self.run_dir} already holds a run; continue it with "
                               f"`{self.resume_cmd} {self.run_dir}` or choose another --run-dir")
         logger = open_run(self.run_dir, self.header(), cfg, fresh=fresh, extra_logs=self.extra_logs,
-                          purge_step=None if fresh else self.log_step + 1)
+                          purge_step=None if fresh else self.log_step + 1) if self.is_main else _NoLog()
         clock, start = Clock(), self.position
         try:
-            bar_args = (self.total, cfg.progress, self.describe(), *self.bar_labels())
+            bar_args = (self.total, cfg.progress and self.is_main, self.describe(), *self.bar_labels())
             with StopRequests() as stop, TrainProgress(*bar_args) as bar:
                 while not self.finished:
                     self.current_update = self.update_idx + 1  # what finite() names (DQN counts at the end)
                     rec = self.iteration()
                     self.add_rates(rec, clock, start)
-                    out_of_time = clock.out_of_time(cfg)
-                    last = self.finished or out_of_time or stop.requested
+                    out_of_time, stopping = self.agree(clock.out_of_time(cfg), stop.requested)
+                    last = self.finished or out_of_time or stopping
                     self.after_iteration(rec, last)
                     logger.log(rec)
-                    if last or (cfg.save_interval and self.update_idx % cfg.save_interval == 0):
+                    if self.is_main and (last or (cfg.save_interval and self.update_idx % cfg.save_interval == 0)):
                         self.save()
                     bar.update(self.position, *self.bar_values(rec))
-                    if stop.requested:
-                        raise TrainingStopped(stop.signum, self.run_dir, self.update_idx, self.resume_cmd)
+                    if stopping:
+                        raise TrainingStopped(stop.signum or signal.SIGTERM, self.run_dir, self.update_idx,
+                                              self.resume_cmd)
                     if out_of_time:
                         break
         finally:
@@ -337,8 +349,18 @@ class Trainer:
         tensors, meta = loaded if loaded is not None else load_checkpoint(run_dir / CHECKPOINT)
         self.load_state(tensors, meta)
         self.saved_update = self.update_idx
-        for name in ("metrics.jsonl", *self.extra_logs):
+        for name in ("metrics.jsonl", *self.extra_logs) if self.is_main else ():
             truncate_metrics(run_dir / name, self.update_idx)
+
+
+class _NoLog:
+    """The logger of a distributed run's processes other than rank 0 (they write nothing)."""
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 # ---------------------------------------------------------------------- run directories

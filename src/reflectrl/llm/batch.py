@@ -26,6 +26,9 @@ from ..tasks.base import Problem
 
 # per-token optional fields (all [R, C]) that follow the rows through select / cat / with_prompts
 TOKEN_FIELDS = ("old_logp", "ref_logp", "advantages", "returns", "weights", "values", "entropy")
+ENGINE_LOGP = "step/engine_logp"
+"""``extras`` key of the generation engine's log-prob of each policy token ``[R, C]`` (0 elsewhere), when every
+policy segment of the batch came with them (an engine with ``generate_with_logprobs``)."""
 
 
 @dataclass
@@ -226,6 +229,7 @@ class Segment:
     kind: str
     turn: int
     reward: float = 0.0  # for a policy segment: the reward of its turn (placed on its last token)
+    logp: list[float] | None = None  # for a policy segment: the generation engine's log-prob of each token, if it gave them
 
 
 @dataclass
@@ -308,6 +312,7 @@ def build_batch(rows: Sequence[RowResult], index: Sequence[int], problems: list[
         turn.append(tn + [-1] * pad)
         rew.append(rw + [0.0] * pad)
     kinds = torch.tensor(kind, dtype=torch.int8).reshape(len(rows), C)
+    extras = {ENGINE_LOGP: lp} if (lp := _engine_logp(rows, C)) is not None else {}
     return TokenBatch(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask,
         response_ids=torch.tensor(resp, dtype=torch.long).reshape(len(rows), C),
@@ -318,4 +323,21 @@ def build_batch(rows: Sequence[RowResult], index: Sequence[int], problems: list[
         scores=torch.tensor([r.score for r in rows], dtype=torch.float32),
         correct=torch.tensor([r.correct for r in rows], dtype=torch.bool),
         truncated=torch.tensor([r.truncated for r in rows], dtype=torch.bool),
-        problems=list(problems), transcripts=[r.transcript for r in rows], infos=[list(r.infos) for r in rows])
+        problems=list(problems), transcripts=[r.transcript for r in rows], infos=[list(r.infos) for r in rows],
+        extras=extras)
+
+
+def _engine_logp(rows: Sequence[RowResult], width: int) -> Tensor | None:
+    """``[R, width]`` engine log-probs on the policy tokens (0 elsewhere), or None unless every policy segment
+    has them."""
+    policy = [s for r in rows for s in r.segments if s.kind == "policy" and s.ids]
+    if not policy or any(s.logp is None or len(s.logp) != len(s.ids) for s in policy):
+        return None
+    out = torch.zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        pos = 0
+        for seg in row.segments:
+            if seg.kind == "policy" and seg.ids:
+                out[i, pos:pos + len(seg.ids)] = torch.tensor(seg.logp, dtype=torch.float32)
+            pos += len(seg.ids)
+    return out

@@ -112,7 +112,13 @@ class GRPOConfig(RunOptions):
     device: str = "cpu"
     """torch device of the policy (cpu, cuda, cuda:1, ...)."""
     engine: str = "torch"
-    """Generation engine: torch (KV-cache sampling loop) or hf (model.generate); others register."""
+    """Generation engine: torch (KV-cache sampling loop), hf (model.generate) or vllm (vLLM installed and a GPU);
+    others register."""
+    engine_options: tuple[str, ...] = ()
+    """Keyword arguments of the engine as KEY=VALUE (vllm: gpu_memory_utilization=0.5, enforce_eager=true, ...)."""
+    tis_cap: Optional[float] = 2.0
+    """Truncated importance sampling when the engine returns its log-probs (vllm): each token's policy-loss term
+    is multiplied by min(exp(logp_trainer - logp_engine), tis_cap); None turns it off (the gap is still logged)."""
     gen_batch: int = 128
     """Rows generated together (larger is faster per token); rewards of one chunk are computed while the
     next generates."""
@@ -141,6 +147,19 @@ class GRPOConfig(RunOptions):
     @property
     def rows(self) -> int:
         return self.prompts_per_update * self.group_size
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """``engine_options`` as keyword arguments of the engine (VALUE read as JSON when it parses, else text)."""
+        out: dict[str, Any] = {}
+        for item in self.engine_options:
+            key, sep, raw = str(item).partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"--engine-options expects KEY=VALUE, got {item!r}")
+            try:
+                out[key.strip()] = json.loads(raw)
+            except json.JSONDecodeError:
+                out[key.strip()] = raw
+        return out
 
     def task_kwargs(self) -> dict[str, Any]:
         """``task_options`` as keyword arguments of the task (values parsed as in ``reflectrl tasks --set``)."""
@@ -202,8 +221,11 @@ class GRPOConfig(RunOptions):
             (self.norm_len is None or self.norm_len >= 1, "norm_len must be >= 1"),
             (self.sandbox_batch >= 1, f"sandbox_batch must be >= 1, got {self.sandbox_batch}"),
             (self.lora_r >= 0, f"lora_r must be >= 0, got {self.lora_r}"),
+            (self.tis_cap is None or self.tis_cap >= 1,
+             f"tis_cap must be >= 1 (the cap of the importance weight), or None to turn it off; got {self.tis_cap}"),
         ]
         check_all(checks)
+        self.engine_kwargs()
         registered = list_registered()
         if self.adv_estimator not in registered["adv_estimators"]:
             raise ConfigError(f"unknown adv_estimator {self.adv_estimator!r}; registered: "

@@ -1,13 +1,15 @@
 """Generation engines: what the rollout samples completions with.
 
 :class:`TorchSampler` (a KV-cache sampling loop that drops finished rows) is the default,
-:class:`HFGenerate` wraps ``model.generate``. A faster engine (vLLM, SGLang) plugs in by implementing
-:class:`GenerationEngine`'s two methods and registering it with :func:`register_engine`; see docs/llm.md.
+:class:`HFGenerate` wraps ``model.generate``, ``vllm`` (:mod:`reflectrl.llm.vllm_engine`) runs vLLM where
+it is installed and a GPU is present. Another engine (SGLang, a server) plugs in by implementing
+:class:`GenerationEngine`'s two methods (and, to give the trainer its log-probs, ``generate_with_logprobs``
+of :class:`LogprobEngine`) and registering it with :func:`register_engine`; see docs/llm.md.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -27,6 +29,17 @@ class GenerationEngine(Protocol):
                  generator: torch.Generator, greedy: bool = False, stop_ids: Sequence[int] = ()) -> list[list[int]]: ...
 
     def sync(self, policy: Policy) -> None: ...
+
+
+class LogprobEngine(GenerationEngine, Protocol):
+    """An engine that also returns, per prompt, its log-probability of each sampled token (aligned to the ids;
+    under the distribution it sampled from: temperature and top-k applied). The rollout then keeps them as
+    ``batch.extras["step/engine_logp"]`` and the trainer corrects for their gap to its own log-probs
+    (truncated importance sampling, ``tis_cap``). Optional: an engine without it is used through ``generate``."""
+
+    def generate_with_logprobs(self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int] | int,
+                               generator: torch.Generator, greedy: bool = False, stop_ids: Sequence[int] = ()
+                               ) -> tuple[list[list[int]], list[list[float]]]: ...
 
 
 class TorchSampler:
@@ -139,18 +152,52 @@ class HFGenerate:
         return [TorchSampler._cut(seq, ends)[:b] for seq, b in zip(new, budgets)]
 
 
-ENGINES: dict[str, Callable[..., GenerationEngine]] = {"torch": TorchSampler, "hf": HFGenerate}
+def _vllm(policy: Policy, temperature: float = 1.0, top_k: int = 0, **options: Any) -> GenerationEngine:
+    """``--engine vllm`` (imported only when used)."""
+    from .vllm_engine import make_vllm_engine
+
+    return make_vllm_engine(policy, temperature=temperature, top_k=top_k, **options)
 
 
-def register_engine(name: str, factory: Callable[..., GenerationEngine]) -> None:
-    """Make ``--engine NAME`` build ``factory(policy, temperature=..., top_k=...)``."""
+def _vllm_unavailable() -> str | None:
+    from .vllm_engine import vllm_unavailable
+
+    return vllm_unavailable()
+
+
+ENGINES: dict[str, Callable[..., GenerationEngine]] = {"torch": TorchSampler, "hf": HFGenerate, "vllm": _vllm}
+ENGINE_CHECKS: dict[str, Callable[[], str | None]] = {"vllm": _vllm_unavailable}
+"""Per engine name, a check run before the model loads: why the engine cannot run here, or None."""
+
+
+def register_engine(name: str, factory: Callable[..., GenerationEngine],
+                    unavailable: Callable[[], str | None] | None = None) -> None:
+    """Make ``--engine NAME`` build ``factory(policy, temperature=..., top_k=..., **engine_options)``;
+    ``unavailable()`` (optional) says why it cannot run here (a missing package or device), or None."""
     ENGINES[name] = factory
+    if unavailable is not None:
+        ENGINE_CHECKS[name] = unavailable
+    else:
+        ENGINE_CHECKS.pop(name, None)
 
 
-def make_engine(name: str, policy: Policy, temperature: float = 1.0, top_k: int = 0) -> GenerationEngine:
-    """Build a registered generation engine."""
+def check_engine(name: str) -> None:
+    """ConfigError in one line when engine ``name`` is not registered or cannot run in this process."""
     if name not in ENGINES:
-        hint = ("; vLLM is a plug point, not a dependency: wrap vllm.LLM in a GenerationEngine and "
-                "register_engine('vllm', ...) (docs/llm.md)") if name == "vllm" else ""
-        raise ConfigError(f"unknown generation engine {name!r}; available: {', '.join(sorted(ENGINES))}{hint}")
-    return ENGINES[name](policy, temperature=temperature, top_k=top_k)
+        raise ConfigError(f"unknown generation engine {name!r}; available: {', '.join(sorted(ENGINES))}")
+    why = ENGINE_CHECKS[name]() if name in ENGINE_CHECKS else None
+    if why:
+        raise ConfigError(why)
+
+
+def make_engine(name: str, policy: Policy, temperature: float = 1.0, top_k: int = 0,
+                **options: Any) -> GenerationEngine:
+    """Build a registered generation engine (``options``: the engine's own keyword arguments)."""
+    check_engine(name)
+    return ENGINES[name](policy, temperature=temperature, top_k=top_k, **options)
+
+
+def engine_logprobs(engine: Any) -> Callable[..., tuple[list[list[int]], list[list[float]]]] | None:
+    """The engine's ``generate_with_logprobs`` (:class:`LogprobEngine`), or None when it has none."""
+    fn = getattr(engine, "generate_with_logprobs", None)
+    return fn if callable(fn) else None

@@ -28,9 +28,10 @@ from ..methods.rewards import as_nan
 from ..tasks.base import Problem, get_task
 from ..tasks.selfreport import with_self_report
 from ..trainer import Clock, Trainer, default_run_dir
-from .batch import TokenBatch
+from .batch import ENGINE_LOGP, TokenBatch
 from .config import SAMPLES, GRPOConfig
-from .engines import make_engine
+from .distributed import from_env, rank_seed, shard
+from .engines import check_engine, make_engine
 from .policy import load_policy
 from .rollout import Rollout
 from .update import VALUE_HEAD, PolicyUpdate
@@ -92,6 +93,8 @@ class GRPO(PolicyUpdate, Trainer):
         if hasattr(self.task, "sandbox_batch"):
             self.task.sandbox_batch = config.sandbox_batch
         self.cfg = cfg = config.resolved(self.task)
+        check_engine(cfg.engine)
+        self.dist, device = from_env(cfg.device)  # torchrun: this process's rank and device (one process: as given)
         turns, budget = cfg.max_turns, cfg.max_response_tokens
         self.hooks: list[Any] = list(hooks or [])
         self.methods: list[MethodRunner] = [] if callable(methods) else list(methods or [])
@@ -110,17 +113,19 @@ class GRPO(PolicyUpdate, Trainer):
         self.problems_by_id = {p.id: p for p in self.train_problems}
         self.policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                   lora_dropout=cfg.lora_dropout, ref=cfg.kl_coef > 0 or "ref_logp" in self.needs,
-                                  dtype=cfg.dtype, device=cfg.device)
+                                  dtype=cfg.dtype, device=device)
         if self.critic:
             self.policy.add_head(VALUE_HEAD)
         if callable(methods):
             self.methods = list(methods(self))
         for h in self.hooks:
             h.setup(self)
+        if self.dist.active:
+            self._check_distributed()
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=cfg.learning_rate,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay)
-        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k)
+        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k, **cfg.engine_kwargs())
         self.rollout = Rollout(self.policy, self.engine, self.task, cfg.max_new_tokens, turns, budget, cfg.gen_batch,
                                cfg.reward_workers, reward_cache=cfg.reward_cache,
                                batch_scoring=cfg.sandbox_batch > 1)
@@ -133,6 +138,19 @@ class GRPO(PolicyUpdate, Trainer):
         self.cursor = 0  # problems drawn so far
         self.last_batch: TokenBatch | None = None
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.task, cfg.algo, cfg.seed)
+        if self.dist.active:
+            self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))  # rank 0's (a default one has a time)
+
+    def _check_distributed(self) -> None:
+        """Under torchrun: refuse what would differ between the processes; give every process rank 0's weights."""
+        if self.hooks or self.methods:
+            raise ConfigError(f"--algo {self.cfg.algo} adds methods or hooks, whose state would differ between the "
+                              f"{self.dist.world} torchrun processes: train grpo, drgrpo or dapo under torchrun, or "
+                              "run this algo in one process")
+        if self.cfg.prompts_per_update < self.dist.world:
+            raise ConfigError(f"prompts_per_update ({self.cfg.prompts_per_update}) is below the number of torchrun "
+                              f"processes ({self.dist.world}): each process needs a group of its own")
+        self.dist.broadcast_(self.policy.trainable_parameters())
 
     # ----------------------------------------------------------------------------- data
     def next_problems(self, n: int) -> list[Problem]:
@@ -154,7 +172,7 @@ class GRPO(PolicyUpdate, Trainer):
         """The no-grad pass before the update: old log-probs (if the batch is reused), reference
         log-probs (KL), the critic's values and the features / entropies methods and hooks asked for."""
         cfg = self.cfg
-        want_old = cfg.ppo_epochs * cfg.minibatches > 1 or "old_logp" in self.needs
+        want_old = cfg.ppo_epochs * cfg.minibatches > 1 or "old_logp" in self.needs or ENGINE_LOGP in batch.extras
         want_ref = cfg.kl_coef > 0 or "ref_logp" in self.needs
         want_hidden, want_ent = "hidden" in self.needs, "entropy" in self.needs
         if not (want_old or want_ref or want_hidden or want_ent):
@@ -211,8 +229,12 @@ class GRPO(PolicyUpdate, Trainer):
         chosen = [p for h in self.hooks if (p := h.select_problems(self, cfg.prompts_per_update)) is not None]
         problems = chosen[0] if chosen else self.next_problems(cfg.prompts_per_update)
         sizes = [s for h in self.hooks if (s := h.group_sizes(self, problems)) is not None]
-        pending = self.rollout.start(problems, sizes[0] if sizes else cfg.group_size, self.gen,
-                                     index_offset=(self.update_idx - 1) * cfg.prompts_per_update)
+        group, offset, gen = sizes[0] if sizes else cfg.group_size, (self.update_idx - 1) * cfg.prompts_per_update, self.gen
+        if self.dist.active:  # this process's groups of the global list, with its own generator
+            lo, hi = shard(len(problems), self.dist.rank, self.dist.world)
+            problems, group, offset = problems[lo:hi], group if isinstance(group, int) else list(group)[lo:hi], offset + lo
+            gen = self.rank_gen = torch.Generator().manual_seed(rank_seed(cfg.seed, self.dist.rank, self.update_idx))
+        pending = self.rollout.start(problems, group, gen, index_offset=offset)
         t_gen = time.perf_counter()
         # The no-grad pass needs only the tokens: run it while the last chunk's rewards are computed,
         # unless a hook may change the batch after the rollout (it sees the rewards first).
@@ -222,20 +244,21 @@ class GRPO(PolicyUpdate, Trainer):
         t_prep = time.perf_counter()
         batch, rstats = pending.finish()
         t_wait = time.perf_counter()
-        self.global_step += batch.rows
+        self.global_step += int(self.dist.sum_floats([batch.rows])[0])  # every process's rows
         for h in self.hooks:
             batch = h.after_rollout(self, batch) or batch
         if not early:
             self.prepare(batch)
         for h in self.hooks:
             h.after_prepare(self, batch)
+        gap = self.engine_correction(batch)
         t1 = time.perf_counter()
         self.advantages(batch)
         self.apply_methods(batch)
         off = batch.extras.get("loss/offpolicy")
         fresh = batch if off is None or not bool(off.any()) else batch.select((off.sum(1) == 0).nonzero().squeeze(1),
                                                                            trim=False)
-        rec = {"update": self.update_idx, "global_step": self.global_step, **self.reward_metrics(fresh)}
+        rec = {"update": self.update_idx, "global_step": self.global_step, **self.reward_metrics(fresh), **gap}
         batch.extras["row_id"] = torch.arange(batch.rows)
         self._batch_shape = (batch.rows, batch.steps)
         train = batch
@@ -243,7 +266,7 @@ class GRPO(PolicyUpdate, Trainer):
             keep = (~_zero_std_rows(batch)).nonzero().squeeze(1)
             train = batch.select(keep) if keep.numel() else None
             rec["groups/kept_rows"] = int(keep.numel())
-        losses = self.update(train) if train is not None else {"losses/optimizer_steps": 0}
+        losses = self.update(train) if train is not None or self.dist.active else {"losses/optimizer_steps": 0}
         for h in self.hooks:
             h.after_update(self, batch)
         self.engine.sync(self.policy)
@@ -257,7 +280,7 @@ class GRPO(PolicyUpdate, Trainer):
         for m in [*self.methods, *self.hooks]:
             rec.update(m.metrics())
         self.last_batch = batch
-        return rec
+        return self.dist.combine_record(rec, batch.rows)
 
     @staticmethod
     def reward_metrics(batch: TokenBatch) -> dict[str, float]:
@@ -323,17 +346,25 @@ class GRPO(PolicyUpdate, Trainer):
 
     def after_iteration(self, rec: dict[str, Any], last: bool) -> None:
         cfg = self.cfg
-        if cfg.eval_interval and (self.update_idx % cfg.eval_interval == 0 or last):
+        if cfg.eval_interval and (self.update_idx % cfg.eval_interval == 0 or last) and self.is_main:
             rec.update(self.evaluate())
-        if cfg.sample_interval and (self.update_idx % cfg.sample_interval == 0 or self.update_idx == 1):
+        if cfg.sample_interval and (self.update_idx % cfg.sample_interval == 0 or self.update_idx == 1) and self.is_main:
             self.log_samples(self.last_batch, self.run_dir / SAMPLES)
         self._last_rec = rec
 
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    def agree(self, *flags: bool) -> tuple[bool, ...]:
+        return self.dist.any(*flags)
+
     def close(self) -> None:
         self.rollout.close()
+        self.dist.close()
 
     def finalize(self) -> None:
-        if self.cfg.export_model:
+        if self.cfg.export_model and self.is_main:
             self.policy.save_pretrained(self.run_dir / "model")
 
     def summary(self, clock: Clock, start: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import torch
 from ..errors import ConfigError, ReflectRLError
 from ..tasks.base import Problem, SingleTurnEnv, Task, batch_scorer
 from .batch import RowResult, Segment, TokenBatch, build_batch
-from .engines import GenerationEngine
+from .engines import GenerationEngine, engine_logprobs
 from .policy import Policy
 
 
@@ -40,7 +40,7 @@ class RolloutStats:
 
 class _Row:
     __slots__ = ("problem", "env", "prompt_ids", "segments", "score", "correct", "truncated", "done", "transcript",
-                 "infos", "used")
+                 "infos", "used", "last_logp")
 
     def __init__(self, problem: Problem, env: Any):
         self.problem, self.env = problem, env
@@ -50,6 +50,7 @@ class _Row:
         self.transcript: list[tuple[str, str]] = []
         self.infos: list[dict[str, Any]] = []
         self.used = 0
+        self.last_logp: list[float] | None = None  # the engine's log-probs of the latest completion, if it gave them
 
     def context(self) -> list[int]:
         return self.prompt_ids + [t for s in self.segments for t in s.ids]
@@ -228,15 +229,21 @@ class Rollout:
             chunk = live[start:start + self.gen_batch]
             budgets = [self._budget(r) for r in chunk]
             t0 = time.perf_counter()
-            outs = self.engine.generate([r.context() for r in chunk], budgets, generator, greedy, self.stop_ids)
+            with_lp = engine_logprobs(self.engine)
+            if with_lp is not None:
+                outs, lps = with_lp([r.context() for r in chunk], budgets, generator, greedy, self.stop_ids)
+            else:
+                outs = self.engine.generate([r.context() for r in chunk], budgets, generator, greedy, self.stop_ids)
+                lps = [None] * len(outs)
             stats.generate_s += time.perf_counter() - t0
             eos = set(self.policy.eos_ids)
             bodies = [o[:-1] if o and o[-1] in eos else o for o in outs]
             texts = decode_batch(self.policy.tokenizer, bodies)
             done = []
-            for row, ids, body, text, budget in zip(chunk, outs, bodies, texts, budgets):
+            for row, ids, body, text, budget, lp in zip(chunk, outs, bodies, texts, budgets, lps):
                 stats.generated_tokens += len(ids)
                 ids, text, stopped = self._finish_completion(ids, body, text)
+                row.last_logp = None if lp is None else [float(x) for x in lp[:len(ids)]]
                 done.append((row, ids, budget, stopped, text))
                 row.transcript.append(("policy", text))
             futures = self._score_chunk([(d[0], d[-1]) for d in done], stats)
@@ -247,7 +254,7 @@ class Rollout:
                results: list[tuple[str, float, bool, dict]]) -> None:
         """Record one turn's env results: the policy segment and its reward, the feedback segment."""
         for (row, ids, budget, stopped, _), (feedback, reward, done, info) in zip(pending, results):
-            row.segments.append(Segment(list(ids), "policy", turn, float(reward)))
+            row.segments.append(Segment(list(ids), "policy", turn, float(reward), logp=row.last_logp))
             row.used += len(ids)
             row.score += float(reward)
             info = info if isinstance(info, dict) else {}
@@ -380,7 +387,7 @@ class PendingRollout:
         if self._batch is None:
             last = self._last or ([], 0)
             for row, ids, *_ in last[0]:  # the last turn's completions, their rewards not yet known
-                row.segments.append(Segment(list(ids), "policy", last[1]))
+                row.segments.append(Segment(list(ids), "policy", last[1], logp=row.last_logp))
             try:
                 self._batch = self._rollout._results(self._rows, self._index)
             finally:

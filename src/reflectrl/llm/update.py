@@ -1,18 +1,42 @@
 """The optimization half of the GRPO trainer: minibatches, gradient accumulation, exact merging of
 identical rows, and the loss of one micro-batch (a registered policy loss, entropy, KL, the value loss
-of ``--adv-estimator gae``, and the methods' auxiliary losses)."""
+of ``--adv-estimator gae``, and the methods' auxiliary losses); the truncated importance-sampling
+correction for an engine's log-probs (:func:`tis_weights`); under torchrun, the global loss normalizers and
+the gradient sum of :mod:`reflectrl.llm.distributed`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..core import PolicyLossConfig, agg_loss, approx_kl, get_policy_loss, masked_mean, value_loss
 from ..methods.base import AuxInputs
-from .batch import TokenBatch
+from .batch import ENGINE_LOGP, TokenBatch
+from .distributed import SINGLE, Dist
 
 VALUE_HEAD = "value"
+TIS_WEIGHT = "tis/weight"  # extras key of the per-token importance weights [R, C] the policy loss is multiplied by
+
+
+def tis_weights(trainer_logp: Tensor, engine_logp: Tensor, mask: Tensor, cap: float | None
+                ) -> tuple[Tensor, dict[str, float]]:
+    """Truncated importance sampling for the gap between the engine that sampled the tokens and the trainer:
+    ``w = min(exp(logp_trainer - logp_engine), cap)`` per token ``[R, C]`` (1 outside ``mask`` and where the
+    engine gave no finite log-prob; ``cap=None``: untruncated), and the gap's statistics: both log-probs' means,
+    the KL(engine || trainer) k3 estimate on the engine's samples, the share of tokens the cap binds on and the
+    weights' mean."""
+    valid = mask.bool() & torch.isfinite(engine_logp) & torch.isfinite(trainer_logp)
+    zero = torch.zeros_like(trainer_logp)
+    eng, tr = torch.where(valid, engine_logp, zero), torch.where(valid, trainer_logp, zero)
+    raw = (tr - eng).exp()
+    w = torch.where(valid, raw if cap is None else raw.clamp(max=cap), torch.ones_like(raw))
+    m = valid.float()
+    capped = (raw > cap).float() if cap is not None else zero
+    return w, {"rollout/engine_logp_mean": float(masked_mean(eng, m)), "rollout/trainer_logp_mean": float(masked_mean(tr, m)),
+               "rollout/engine_trainer_kl": float(masked_mean(approx_kl(eng, tr, "k3"), m)),
+               "rollout/tis_capped_frac": float(masked_mean(capped, m)), "rollout/tis_weight_mean": float(masked_mean(w, m))}
 
 
 class PolicyUpdate:
@@ -27,6 +51,9 @@ class PolicyUpdate:
     needs: set[str]
     update_idx: int
     _dedupe: bool
+    dist: Dist = SINGLE  # the process group of a torchrun run (one process: every collective is skipped)
+    rank_gen: torch.Generator | None = None  # this process's generator of the update, under torchrun
+    finite: Any
 
     def loss_config(self) -> PolicyLossConfig:
         c = self.cfg
@@ -48,7 +75,7 @@ class PolicyUpdate:
         if counts.numel() == mb.rows:
             return mb, None
         first = torch.full((counts.numel(),), mb.rows).scatter_reduce(0, inv, torch.arange(mb.rows), "amin")
-        loss_inputs = [v for k, v in mb.extras.items() if k.startswith("loss/") and torch.is_tensor(v)]
+        loss_inputs = [v for k, v in mb.extras.items() if k.startswith(("loss/", "tis/")) and torch.is_tensor(v)]
         for t in (mb.advantages, mb.weights, *loss_inputs):
             if t is not None and not torch.equal(t, t[first][inv]):
                 return mb, None
@@ -67,6 +94,9 @@ class PolicyUpdate:
         mask = mb.completion_mask.float().to(dev)
         old = mb.old_logp.to(dev) if mb.old_logp is not None else out.logp.detach()
         adv = (mb.advantages if mb.weights is None else mb.advantages * mb.weights).to(dev)
+        tis = mb.extras.get(TIS_WEIGHT)
+        if tis is not None:  # each token's policy-loss term times its importance weight (w > 0: the same as on A)
+            adv = adv * tis[:, :mb.steps].to(dev)
         c = torch.ones(mb.rows, device=dev) if counts is None else counts.to(dev)
         token_mean = cfg.loss_agg_mode == "token-mean"
         # multiplicities: token-mean weighs the mask; the per-row modes weigh the rows' terms and rescale
@@ -108,40 +138,82 @@ class PolicyUpdate:
                     loss = loss + extra
         return loss, stats
 
-    def update(self, batch: TokenBatch) -> dict[str, float]:
+    def engine_correction(self, batch: TokenBatch) -> dict[str, float]:
+        """When the engine gave its log-probs (``extras[ENGINE_LOGP]``) and the no-grad pass the trainer's
+        (``old_logp``): the TIS weights of the loss (unless ``tis_cap`` is None) and the gap's metrics."""
+        eng = batch.extras.get(ENGINE_LOGP)
+        if eng is None or batch.old_logp is None:
+            return {}
+        C = batch.steps
+        w, stats = tis_weights(batch.old_logp[:, :C].float(), eng[:, :C].float(), batch.completion_mask,
+                               self.cfg.tis_cap)
+        if self.cfg.tis_cap is not None:
+            batch.extras[TIS_WEIGHT] = w
+        return stats
+
+    def _finite_everywhere(self, name: str, x: Tensor | None, where: str = "") -> bool:
+        """:meth:`finite` on every process at once under torchrun (one process's NaN stops or skips them all)."""
+        if not self.dist.active:
+            return self.finite(name, x, where)
+        (bad,) = self.dist.any(x is not None and not bool(torch.isfinite(x).all()))
+        return self.finite(name, torch.tensor(float("nan")), where) if bad else True
+
+    def _sum_grads(self, params: list[torch.nn.Parameter], ok: bool, step: int) -> bool:
+        """Under torchrun: sum the gradients over the processes, unless one of them met a non-finite loss (then
+        every process stops, or skips the step)."""
+        (bad,) = self.dist.any(not ok)
+        if bad:
+            self.optimizer.zero_grad(set_to_none=True)
+            return self.finite("the loss", torch.tensor(float("nan")), f"minibatch {step + 1} (on some process)")
+        self.dist.sum_grads_(params)
+        return True
+
+    def update(self, batch: TokenBatch | None) -> dict[str, float]:
         """``ppo_epochs`` passes of ``minibatches`` optimizer steps, each accumulated over ``grad_accum``
-        micro-batches whose losses are weighted to equal the loss of the whole minibatch."""
-        cfg = self.cfg
+        micro-batches whose losses are weighted to equal the loss of the whole minibatch. Under torchrun the
+        weights are of the global minibatch (the processes' normalizers summed) and the gradients are summed
+        before the clip and the step; a process with no rows of its own (``None``) still takes part."""
+        cfg, dist = self.cfg, self.dist
         if cfg.lr_schedule == "linear":
             self.optimizer.param_groups[0]["lr"] = (1.0 - (self.update_idx - 1) / cfg.updates) * cfg.learning_rate
         params = self.policy.trainable_parameters()
         self.policy.train()
         totals: dict[str, float] = {}
         steps = 0
-        usable = self.finite("the advantages", batch.advantages)
+        usable = self._finite_everywhere("the advantages", None if batch is None else batch.advantages)
+        n_rows = 0 if batch is None else batch.rows
+        gen = self.rank_gen if dist.active and self.rank_gen is not None else self.gen
         for _ in range(cfg.ppo_epochs if usable else 0):
-            order = torch.randperm(batch.rows, generator=self.gen) if cfg.minibatches > 1 else torch.arange(batch.rows)
+            order = torch.randperm(n_rows, generator=gen) if cfg.minibatches > 1 else torch.arange(n_rows)
             for mb_rows in torch.tensor_split(order, cfg.minibatches):
-                mb = batch.select(mb_rows)
-                norm = self._normalizer(mb)
+                mb = batch.select(mb_rows) if batch is not None and mb_rows.numel() else None
+                norm = self._normalizer(mb) if mb is not None else 0.0
+                if dist.active:
+                    norm = dist.sum_floats([norm])[0]
                 if norm == 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 acc: dict[str, float] = {}
                 ok = True
-                for micro_rows in torch.tensor_split(torch.arange(mb.rows), cfg.grad_accum):
+                for micro_rows in torch.tensor_split(torch.arange(mb.rows if mb is not None else 0), cfg.grad_accum):
+                    if mb is None or not micro_rows.numel():
+                        continue
                     micro = mb.select(micro_rows)
                     w = self._normalizer(micro) / norm
                     if w == 0:
                         continue
                     rows, counts = self.distinct_rows(micro) if self._dedupe else (micro, None)
                     loss, st = self.micro_loss(rows, counts)
-                    if not self.finite("the loss", loss.detach(), f"minibatch {steps + 1}"):
+                    finite = (bool(torch.isfinite(loss.detach()).all()) if dist.active
+                              else self.finite("the loss", loss.detach(), f"minibatch {steps + 1}"))
+                    if not finite:
                         ok = False
                         break
                     (loss * w).backward()
                     for k, v in st.items():
                         acc[k] = acc.get(k, 0.0) + w * float(v)
+                if dist.active:
+                    ok = self._sum_grads(params, ok, steps)
                 if not ok:
                     continue
                 if cfg.max_grad_norm > 0:

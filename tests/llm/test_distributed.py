@@ -141,8 +141,7 @@ def test_single_process_is_not_distributed(tiny_dir, tmp_path, monkeypatch):
 
 @pytest.mark.slow  # about 30 s: torchrun starts two interpreters that import torch and transformers
 def test_torchrun_run_is_one_run_directory_and_resumes_in_one_process(tiny_dir, tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
+    run = tmp_path / "run"  # not created beforehand: rank 0 alone probes and creates it
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "reflectrl",
             "llm", "train", "--task", "arith", "--model", str(tiny_dir), "--run-dir", str(run), "--updates", "2",
             "--prompts-per-update", "3", "--group-size", "2", "--max-new-tokens", "3", "--learning-rate", "3e-3",
@@ -152,6 +151,8 @@ def test_torchrun_run_is_one_run_directory_and_resumes_in_one_process(tiny_dir, 
         env.pop(k)
     res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    summaries = [line for line in res.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1 and json.loads(summaries[0])["updates"] == 2  # one summary line, rank 0's
     recs = read_metrics(run / "metrics.jsonl")
     assert [r["update"] for r in recs] == [1, 2] and [r["global_step"] for r in recs] == [6, 12]  # both processes' rows
     assert (run / CHECKPOINT).is_file() and json.loads((run / "config.json").read_text())["updates"] == 2

@@ -93,11 +93,20 @@ def cmd_train(argv: list[str]) -> int:
         default = algo.config(task_options=tuple(front.set))
         cfg = tyro.cli(type(default), args=rest, default=default, prog=f"reflectrl llm train --algo {algo.name}")
         check_device(cfg.device)
-        if cfg.run_dir:
+        if cfg.run_dir and _rank() == 0:  # under torchrun, one process probes the run directory
             ensure_writable_dir(cfg.run_dir, "--run-dir", create=False)
         trainer = algo.make(cfg)
-    print_json(trainer.learn())
+    summary = trainer.learn()
+    if _rank() == 0:  # under torchrun, one summary line
+        print_json(summary)
     return 0
+
+
+def _rank() -> int:
+    """This process's rank under torchrun (``RANK``), 0 otherwise."""
+    import os
+
+    return int(os.environ.get("RANK", "0") or 0)
 
 
 def cmd_eval(argv: list[str]) -> int:

@@ -38,11 +38,16 @@ Changes for Gymnasium 1.x (CleanRL's script targets gym/gymnasium 0.26-0.29):
   rather than a per-env list of dicts.
 * The default env is ``LunarLander-v3`` (``-v2`` is gone from Gymnasium 1.x).
 
-Other differences, none of which touches the training work: there is no
-TensorBoard writer, no wandb, no video capture and no per-episode ``print``;
-the scalars CleanRL logs every iteration are still computed (including their
-``.item()`` calls) and kept in a small list.  A few ``time.perf_counter`` calls
-split the wall time into env stepping, rollout inference and update.
+Other differences, none of which touches the training work: by default there
+is no TensorBoard writer, no wandb, no video capture and no per-episode
+``print``; the scalars CleanRL logs every iteration are still computed
+(including their ``.item()`` calls) and kept in a small list.  With
+``--tensorboard DIR`` (``run(tensorboard_dir=DIR)``) it also writes CleanRL's
+TensorBoard logging to DIR: the hyperparameter table as text, the return and
+length of every finished episode, and the nine scalars of each iteration (for
+measuring the whole process as CleanRL's script runs it; see
+``benchmarks/ppo_process_speed.py``).  A few ``time.perf_counter`` calls split
+the wall time into env stepping, rollout inference and update.
 
 Usage::
 
@@ -132,8 +137,10 @@ def run(
     num_envs: int = 8,
     num_steps: int = 128,
     threads: int = 1,
+    tensorboard_dir: str | None = None,
 ) -> dict:
-    """Train CleanRL-style PPO and return the step count, speed and time breakdown."""
+    """Train CleanRL-style PPO and return the step count, speed and time breakdown; with
+    ``tensorboard_dir``, also write CleanRL's TensorBoard logging there."""
     batch_size = num_envs * num_steps
     minibatch_size = batch_size // NUM_MINIBATCHES
     num_iterations = total_timesteps // batch_size
@@ -144,6 +151,20 @@ def run(
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = True
     device = torch.device("cpu")
+
+    writer = None
+    if tensorboard_dir is not None:  # as CleanRL's ppo.py: a SummaryWriter with the hyperparameters as text
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(tensorboard_dir)
+        hparams = {"env_id": env_id, "seed": seed, "total_timesteps": total_timesteps, "num_envs": num_envs,
+                   "num_steps": num_steps, "learning_rate": LEARNING_RATE, "anneal_lr": ANNEAL_LR, "gamma": GAMMA,
+                   "gae_lambda": GAE_LAMBDA, "num_minibatches": NUM_MINIBATCHES, "update_epochs": UPDATE_EPOCHS,
+                   "norm_adv": NORM_ADV, "clip_coef": CLIP_COEF, "clip_vloss": CLIP_VLOSS, "ent_coef": ENT_COEF,
+                   "vf_coef": VF_COEF, "max_grad_norm": MAX_GRAD_NORM, "target_kl": TARGET_KL,
+                   "batch_size": batch_size, "minibatch_size": minibatch_size}
+        writer.add_text("hyperparameters",
+                        "|param|value|\n|-|-|\n%s" % "\n".join(f"|{k}|{v}|" for k, v in hparams.items()))
 
     envs = gym.vector.SyncVectorEnv(
         [_env_factory(env_id) for _ in range(num_envs)],
@@ -211,6 +232,10 @@ def run(
                 if "episode" in final:
                     mask = final["_episode"]
                     episodic_returns.extend(float(r) for r in final["episode"]["r"][mask])
+                    if writer is not None:
+                        for r, n in zip(final["episode"]["r"][mask], final["episode"]["l"][mask]):
+                            writer.add_scalar("charts/episodic_return", r, global_step)
+                            writer.add_scalar("charts/episodic_length", n, global_step)
 
         t4 = clock()
         # Generalised advantage estimation.
@@ -306,9 +331,14 @@ def run(
                 "SPS": int(global_step / (clock() - start_time)),
             }
         )
+        if writer is not None:
+            for key, value in logged[-1].items():
+                writer.add_scalar(("charts/" if key in ("learning_rate", "SPS") else "losses/") + key, value, global_step)
 
     total = clock() - start_time
     envs.close()
+    if writer is not None:
+        writer.close()
     return {
         "global_step": global_step,
         "sps": global_step / total,
@@ -326,6 +356,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--env-id", type=str, default="LunarLander-v3")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tensorboard", type=str, default=None, metavar="DIR",
+                        help="also write CleanRL's TensorBoard logging to DIR")
     args = parser.parse_args()
 
     result = run(
@@ -333,6 +365,7 @@ def main() -> None:
         seed=args.seed,
         env_id=args.env_id,
         threads=args.threads,
+        tensorboard_dir=args.tensorboard,
     )
     returns = result.pop("episodic_returns")
     result["episodes"] = len(returns)

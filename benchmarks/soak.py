@@ -65,7 +65,7 @@ def soak(name: str, args: list[str], run_dir: Path, updates: int, interval: floa
     samples: list[tuple[float, float, int]] = []  # (seconds, RSS MiB, records logged)
     while proc.poll() is None:
         rss = rss_bytes(proc.pid)
-        if rss is not None:
+        if rss:  # None once gone; 0 while it has exited and is not yet reaped (a zombie holds no memory)
             samples.append((round(time.perf_counter() - t0, 2), round(rss / 2**20, 2),
                             count_lines(run_dir / "metrics.jsonl")))
         time.sleep(interval)

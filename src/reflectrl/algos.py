@@ -1,5 +1,6 @@
-"""The composition root: every built-in algorithm of both front ends, registered in one place, and
-the lookups and resume that the CLI, ``compare`` and library users call.
+"""The composition root: every built-in algorithm of both front ends, registered in one place (PPO at
+once, the others when a lookup first needs them: a front end's modules are imported only when one of
+its algos is used), and the lookups and resume that the CLI, ``compare`` and library users call.
 
 An entry is one :class:`~reflectrl.registry.Algo`: its config dataclass, the defaults it applies and
 how to build its trainer. A method of a user's own is one file plus one
@@ -11,91 +12,130 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .checkpoint import load_checkpoint
 from .control.config import PPOConfig
-from .control.dqn import DQN, DQNConfig
 from .control.ppo import PPO
 from .errors import CheckpointError
-from .llm.config import GRPOConfig
-from .llm.grpo import GRPO
-from .methods.control_algos import (
-    ExGRPOSeedConfig,
-    ExGRPOSeedDQNConfig,
-    GearSeedConfig,
-    RefGRPOSeedConfig,
-    exgrpo_dqn_hooks,
-    exgrpo_methods,
-    gear_methods,
-    refgrpo_methods,
-)
-from .methods.llm_algos import (
-    EXGRPO_DEFAULTS,
-    GEAR_SEED_DEFAULTS,
-    REFGRPO_DEFAULTS,
-    RLCR_DEFAULTS,
-    ExGRPOConfig,
-    ExGRPOSeedLLMConfig,
-    GEARConfig,
-    GearSeedLLMConfig,
-    RefGRPOConfig,
-    RefGRPOSeedLLMConfig,
-    RLCRConfig,
-    exgrpo_llm_hooks,
-    exgrpo_seed_llm_methods,
-    gear_llm_parts,
-    gear_seed_llm_methods,
-    refgrpo_llm_methods,
-    refgrpo_seed_llm_methods,
-    rlcr_llm_methods,
-)
-from .registry import ALGOS, Algo, lookup, register_algo
+from .registry import ALGOS, Algo, lookup, register_algo, register_builtins
 from .trainer import CHECKPOINT, Trainer, extend_budget, load_config, read_config_json, run_kind
 
+if TYPE_CHECKING:
+    from .llm.config import GRPOConfig
+
 # ----------------------------------------------------------------------------- control front end
+# PPO is registered at once; the other built-ins of each front end are registered by a loader that the
+# registry runs the first time a lookup needs them (registry.register_builtins), so that `reflectrl train
+# --algo ppo` imports neither the LLM front end nor the method families.
 register_algo(Algo("ppo", "control", PPOConfig, lambda cfg: PPO(cfg),
                    "PPO with GAE (truncation bootstrap) and the clipped objective"))
-register_algo(Algo("dqn", "control", DQNConfig, lambda cfg: DQN(cfg),
-                   "DQN with replay, target network and epsilon-greedy (CleanRL dqn.py defaults)"))
-register_algo(Algo("refgrpo-seed", "control", RefGRPOSeedConfig, lambda cfg: PPO(cfg, refgrpo_methods(cfg)),
-                   "PPO + calibration bonus from a reflection predictor (seed 000)"))
-register_algo(Algo("gear-seed", "control", GearSeedConfig, lambda cfg: PPO(cfg, gear_methods(cfg)),
-                   "PPO + advantages reweighted by a value head distilled from group winners (seed 001)"))
-register_algo(Algo("exgrpo-seed", "control", ExGRPOSeedConfig, lambda cfg: PPO(cfg, exgrpo_methods(cfg)),
-                   "PPO + trajectory reflection term from a prioritized reflection memory (seed 003)"))
-register_algo(Algo("exgrpo-seed-dqn", "control", ExGRPOSeedDQNConfig,
-                   lambda cfg: DQN(cfg, hooks=exgrpo_dqn_hooks(cfg)),
-                   "DQN + eta * Q_refl(s, a) in the TD target from a reflection memory (seed 003)"))
+
+
+def _register_control() -> None:
+    """DQN and the control methods."""
+    from .control.dqn import DQN, DQNConfig
+    from .methods.control_algos import (
+        ExGRPOSeedConfig,
+        ExGRPOSeedDQNConfig,
+        GearSeedConfig,
+        RefGRPOSeedConfig,
+        exgrpo_dqn_hooks,
+        exgrpo_methods,
+        gear_methods,
+        refgrpo_methods,
+    )
+
+    register_algo(Algo("dqn", "control", DQNConfig, lambda cfg: DQN(cfg),
+                       "DQN with replay, target network and epsilon-greedy (CleanRL dqn.py defaults)"))
+    register_algo(Algo("refgrpo-seed", "control", RefGRPOSeedConfig, lambda cfg: PPO(cfg, refgrpo_methods(cfg)),
+                       "PPO + calibration bonus from a reflection predictor (seed 000)"))
+    register_algo(Algo("gear-seed", "control", GearSeedConfig, lambda cfg: PPO(cfg, gear_methods(cfg)),
+                       "PPO + advantages reweighted by a value head distilled from group winners (seed 001)"))
+    register_algo(Algo("exgrpo-seed", "control", ExGRPOSeedConfig, lambda cfg: PPO(cfg, exgrpo_methods(cfg)),
+                       "PPO + trajectory reflection term from a prioritized reflection memory (seed 003)"))
+    register_algo(Algo("exgrpo-seed-dqn", "control", ExGRPOSeedDQNConfig,
+                       lambda cfg: DQN(cfg, hooks=exgrpo_dqn_hooks(cfg)),
+                       "DQN + eta * Q_refl(s, a) in the TD target from a reflection memory (seed 003)"))
+
 
 # ----------------------------------------------------------------------------- LLM front end
-register_algo(Algo("grpo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
-                   "GRPO: group mean/std advantages, seq-mean-token-mean loss"))
-register_algo(Algo("drgrpo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
-                   "Dr.GRPO: mean-centred advantages, no length normalization (seq-mean-token-sum-norm)",
-                   {"adv_estimator": "drgrpo", "loss_agg_mode": "seq-mean-token-sum-norm"}))
-register_algo(Algo("dapo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
-                   "DAPO-style: clip-higher 0.28, token-mean loss, zero-variance groups filtered",
-                   {"clip_high": 0.28, "loss_agg_mode": "token-mean", "filter_zero_std": True}))
-register_algo(Algo("refgrpo", "llm", RefGRPOConfig, lambda cfg: GRPO(cfg, methods=refgrpo_llm_methods(cfg)),
-                   "GRPOplus + reflection-agreement bonus c * 1[reflection == outcome] (arXiv 2606.14211)",
-                   REFGRPO_DEFAULTS))
-register_algo(Algo("rlcr", "llm", RLCRConfig, lambda cfg: GRPO(cfg, methods=rlcr_llm_methods(cfg)),
-                   "GRPO + Brier calibration reward 1[correct] - (q - 1[correct])^2 (arXiv 2507.16806)", RLCR_DEFAULTS))
-register_algo(Algo("refgrpo-seed", "llm", RefGRPOSeedLLMConfig,
-                   lambda cfg: GRPO(cfg, methods=refgrpo_seed_llm_methods(cfg)),
-                   "GRPO + calibration bonus from a reflection predictor on hidden states (seed 000, section 6)"))
-register_algo(Algo("gear-seed", "llm", GearSeedLLMConfig, lambda cfg: GRPO(cfg, methods=gear_seed_llm_methods(cfg)),
-                   "GRPO + token advantages reweighted by a value head distilled from group winners (seed 001)",
-                   GEAR_SEED_DEFAULTS))
-register_algo(Algo("gear", "llm", GEARConfig,
-                   lambda cfg: GRPO(cfg, *gear_llm_parts(cfg)),
-                   "GRPO + self-teacher divergence segments modulating the group advantage (arXiv 2605.11853)"))
-register_algo(Algo("exgrpo", "llm", ExGRPOConfig, lambda cfg: GRPO(cfg, hooks=exgrpo_llm_hooks(cfg)),
-                   "Dr.GRPO + replay of successful trajectories of partially solved questions (arXiv 2510.02245)",
-                   EXGRPO_DEFAULTS))
-register_algo(Algo("exgrpo-seed", "llm", ExGRPOSeedLLMConfig, lambda cfg: GRPO(cfg, methods=exgrpo_seed_llm_methods(cfg)),
-                   "GRPO + trajectory reflection term from a prioritized reflection memory on hidden states (seed 003)"))
+def _register_llm() -> None:
+    """Every built-in of the LLM front end."""
+    from .llm.config import GRPOConfig
+    from .llm.grpo import GRPO
+    from .methods.llm_algos import (
+        EXGRPO_DEFAULTS,
+        GEAR_SEED_DEFAULTS,
+        REFGRPO_DEFAULTS,
+        RLCR_DEFAULTS,
+        ExGRPOConfig,
+        ExGRPOSeedLLMConfig,
+        GEARConfig,
+        GearSeedLLMConfig,
+        RefGRPOConfig,
+        RefGRPOSeedLLMConfig,
+        RLCRConfig,
+        exgrpo_llm_hooks,
+        exgrpo_seed_llm_methods,
+        gear_llm_parts,
+        gear_seed_llm_methods,
+        refgrpo_llm_methods,
+        refgrpo_seed_llm_methods,
+        rlcr_llm_methods,
+    )
+
+    register_algo(Algo("grpo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
+                       "GRPO: group mean/std advantages, seq-mean-token-mean loss"))
+    register_algo(Algo("drgrpo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
+                       "Dr.GRPO: mean-centred advantages, no length normalization (seq-mean-token-sum-norm)",
+                       {"adv_estimator": "drgrpo", "loss_agg_mode": "seq-mean-token-sum-norm"}))
+    register_algo(Algo("dapo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
+                       "DAPO-style: clip-higher 0.28, token-mean loss, zero-variance groups filtered",
+                       {"clip_high": 0.28, "loss_agg_mode": "token-mean", "filter_zero_std": True}))
+    register_algo(Algo("refgrpo", "llm", RefGRPOConfig, lambda cfg: GRPO(cfg, methods=refgrpo_llm_methods(cfg)),
+                       "GRPOplus + reflection-agreement bonus c * 1[reflection == outcome] (arXiv 2606.14211)",
+                       REFGRPO_DEFAULTS))
+    register_algo(Algo("rlcr", "llm", RLCRConfig, lambda cfg: GRPO(cfg, methods=rlcr_llm_methods(cfg)),
+                       "GRPO + Brier calibration reward 1[correct] - (q - 1[correct])^2 (arXiv 2507.16806)", RLCR_DEFAULTS))
+    register_algo(Algo("refgrpo-seed", "llm", RefGRPOSeedLLMConfig,
+                       lambda cfg: GRPO(cfg, methods=refgrpo_seed_llm_methods(cfg)),
+                       "GRPO + calibration bonus from a reflection predictor on hidden states (seed 000, section 6)"))
+    register_algo(Algo("gear-seed", "llm", GearSeedLLMConfig, lambda cfg: GRPO(cfg, methods=gear_seed_llm_methods(cfg)),
+                       "GRPO + token advantages reweighted by a value head distilled from group winners (seed 001)",
+                       GEAR_SEED_DEFAULTS))
+    register_algo(Algo("gear", "llm", GEARConfig,
+                       lambda cfg: GRPO(cfg, *gear_llm_parts(cfg)),
+                       "GRPO + self-teacher divergence segments modulating the group advantage (arXiv 2605.11853)"))
+    register_algo(Algo("exgrpo", "llm", ExGRPOConfig, lambda cfg: GRPO(cfg, hooks=exgrpo_llm_hooks(cfg)),
+                       "Dr.GRPO + replay of successful trajectories of partially solved questions (arXiv 2510.02245)",
+                       EXGRPO_DEFAULTS))
+    register_algo(Algo("exgrpo-seed", "llm", ExGRPOSeedLLMConfig, lambda cfg: GRPO(cfg, methods=exgrpo_seed_llm_methods(cfg)),
+                       "GRPO + trajectory reflection term from a prioritized reflection memory on hidden states (seed 003)"))
+
+
+register_builtins("control", _register_control)
+register_builtins("llm", _register_llm)
+
+# names this module used to import at its top, for code that reads them from here
+_MOVED = {
+    **dict.fromkeys(("DQN", "DQNConfig"), ".control.dqn"), "GRPOConfig": ".llm.config", "GRPO": ".llm.grpo",
+    **dict.fromkeys(("ExGRPOSeedConfig", "ExGRPOSeedDQNConfig", "GearSeedConfig", "RefGRPOSeedConfig",
+                     "exgrpo_dqn_hooks", "exgrpo_methods", "gear_methods", "refgrpo_methods"), ".methods.control_algos"),
+    **dict.fromkeys(("EXGRPO_DEFAULTS", "GEAR_SEED_DEFAULTS", "REFGRPO_DEFAULTS", "RLCR_DEFAULTS", "ExGRPOConfig",
+                     "ExGRPOSeedLLMConfig", "GEARConfig", "GearSeedLLMConfig", "RefGRPOConfig", "RefGRPOSeedLLMConfig",
+                     "RLCRConfig", "exgrpo_llm_hooks", "exgrpo_seed_llm_methods", "gear_llm_parts",
+                     "gear_seed_llm_methods", "refgrpo_llm_methods", "refgrpo_seed_llm_methods", "rlcr_llm_methods"),
+                    ".methods.llm_algos"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name], __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------- a user's own modules
@@ -131,7 +171,7 @@ def algo_names(kind: str) -> list[str]:
     return sorted(ALGOS[kind])
 
 
-def config_for_algo(algo: str, **overrides: Any) -> GRPOConfig:
+def config_for_algo(algo: str, **overrides: Any) -> "GRPOConfig":
     """An LLM algo's config: GRPOConfig with the defaults of ``algo``, then ``overrides``."""
     return get_algo("llm", algo).config(**overrides)
 

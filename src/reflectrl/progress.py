@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
 
 class TrainProgress:
-    """Context manager wrapping ``rich.progress``; a no-op when disabled. ``rate_label`` and
-    ``value_label`` name the two numbers shown beside the bar (steps/s and return by default)."""
+    """Context manager wrapping ``rich.progress``; a no-op when disabled (rich is then not imported).
+    ``rate_label`` and ``value_label`` name the two numbers shown beside the bar (steps/s and return by
+    default)."""
 
     def __init__(self, total: int, enabled: bool = True, description: str = "train", rate_label: str = "steps/s",
                  value_label: str = "return"):
         self.enabled = enabled
-        self._p = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>7} " + rate_label), TextColumn(value_label + " {task.fields[value]}"),
-            TimeRemainingColumn(), transient=False, console=Console(stderr=True),
-        ) if enabled else None
+        self._p = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._p = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]:>7} " + rate_label), TextColumn(value_label + " {task.fields[value]}"),
+                TimeRemainingColumn(), transient=False, console=Console(stderr=True),
+            )
         self._task = None
         self._total, self._description = total, description
 

@@ -2,6 +2,11 @@
 --algo``; ``llm``: ``reflectrl llm train --algo``). It holds entries and knows nothing of them; the
 built-in entries are registered by the composition root :mod:`reflectrl.algos`, and a method of a
 user's own registers with :func:`register_algo` from its own module.
+
+The composition root may register a group of built-ins lazily (:func:`register_builtins`): a loader that
+imports their modules and registers them, run the first time a lookup needs that front end's table (so
+``reflectrl train`` does not import the LLM front end). An entry a user registered under the same name
+stays in place when the built-ins load later, as it would have replaced the built-in had they loaded first.
 """
 
 from __future__ import annotations
@@ -47,20 +52,67 @@ def _fields(cls: type) -> tuple:
     return dataclasses.fields(cls)
 
 
-ALGOS: dict[str, dict[str, Algo]] = {k: {} for k in KINDS}
+_PENDING: dict[str, list[Callable[[], None]]] = {k: [] for k in KINDS}  # built-in loaders not run yet
+
+
+def load_builtins(kind: str) -> None:
+    """Run the pending loaders of ``kind``'s built-ins (each once); entries a user registered first stay."""
+    pending = _PENDING.get(kind)
+    while pending:
+        loader = pending.pop(0)
+        table = dict.__getitem__(ALGOS, kind)
+        users = dict(table)
+        try:
+            loader()
+        except BaseException:
+            pending.insert(0, loader)  # not loaded: the next lookup tries again (and raises again)
+            raise
+        finally:
+            table.update(users)
+
+
+class _Tables(dict):
+    """``ALGOS``: front end -> ``{name: Algo}``; reading a front end's table loads its pending built-ins."""
+
+    def __getitem__(self, kind: str) -> dict[str, Algo]:
+        load_builtins(kind)
+        return dict.__getitem__(self, kind)
+
+    def get(self, kind: str, default: Any = None) -> Any:
+        return self[kind] if kind in self else default
+
+    def values(self) -> Any:
+        return [self[k] for k in self]
+
+    def items(self) -> Any:
+        return [(k, self[k]) for k in self]
+
+
+ALGOS: dict[str, dict[str, Algo]] = _Tables({k: {} for k in KINDS})
 
 
 def register_algo(algo: Algo) -> Algo:
     """Add an algorithm to its front end's ``--algo`` choices (replacing one of the same name)."""
     if algo.kind not in KINDS:
         raise ValueError(f"unknown front end {algo.kind!r}; choose one of {', '.join(KINDS)}")
-    ALGOS[algo.kind][algo.name] = algo
+    dict.__getitem__(ALGOS, algo.kind)[algo.name] = algo
     return algo
 
 
+def register_builtins(kind: str, loader: Callable[[], None]) -> None:
+    """Register a group of ``kind``'s built-in algos lazily: ``loader()`` imports and registers them the
+    first time that front end's table is read (:func:`lookup`, ``ALGOS[kind]``)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown front end {kind!r}; choose one of {', '.join(KINDS)}")
+    _PENDING[kind].append(loader)
+
+
 def lookup(kind: str, name: str) -> Algo:
-    """The registered entry, or ConfigError listing the choices."""
-    table = ALGOS[kind]
+    """The registered entry, or ConfigError listing the choices (pending built-ins load only when ``name``
+    is not registered yet)."""
+    table = dict.__getitem__(ALGOS, kind)
+    if name not in table:
+        table = ALGOS[kind]
     if name not in table:
         where = "reflectrl train" if kind == "control" else "reflectrl llm train"
         raise ConfigError(f"unknown --algo {name!r} for `{where}`; available: {', '.join(sorted(table))}")

@@ -19,7 +19,8 @@ def _clean(v: Any) -> Any:
 
 
 class RunLogger:
-    """Writes one JSON object per update to ``metrics.jsonl`` and the same scalars to TensorBoard."""
+    """Writes one JSON object per update to ``metrics.jsonl`` and the same scalars to TensorBoard (one
+    event per update holding all its scalars: what ``add_scalar`` per scalar writes, in one record)."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any], tensorboard: bool = True, track: bool = False,
                  wandb_project: str = "reflectrl", run_name: str | None = None, purge_step: int | None = None):
@@ -29,9 +30,11 @@ class RunLogger:
         self._fh = open(self.metrics_path, "a", buffering=1)
         self._tb = None
         if tensorboard:
+            from tensorboard.compat.proto.summary_pb2 import Summary
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge_step)
+            self._summary, self._value = Summary, Summary.Value
         self._wandb = None
         if track:
             try:
@@ -46,9 +49,11 @@ class RunLogger:
         self._fh.write(json.dumps(rec) + "\n")
         step = rec.get("global_step", 0)
         if self._tb is not None:
-            for k, v in rec.items():
-                if k != "global_step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
+            value = self._value
+            scalars = [value(tag=k, simple_value=float(v)) for k, v in rec.items()
+                       if k != "global_step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if scalars:  # SummaryWriter.add_scalar's summaries (simple_value), all of this step in one event
+                self._tb._get_file_writer().add_summary(self._summary(value=scalars), step)
         if self._wandb is not None:
             self._wandb.log(rec, step=step)
 
@@ -125,15 +130,36 @@ def claim_output_dir(path: str | Path, what: str, force: bool, stale: tuple[str,
     return p
 
 
+_WRITTEN: dict[str, tuple[str, tuple]] = {}  # config.json path -> (text this process wrote, its stat then)
+
+
+def _stat_key(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+
+
 def write_config(run_dir: Path, header: dict[str, Any], cfg: Any) -> None:
-    """Write ``RUN_DIR/config.json`` (``header`` + the config dataclass) atomically."""
+    """Write ``RUN_DIR/config.json`` (``header`` + the config dataclass) atomically. When this process
+    wrote the same text there last and the file is still that one (inode, size, mtime), it is left as
+    it is: a checkpoint's save rewrites it only when the config changed."""
     import dataclasses
     import os
 
     path = Path(run_dir) / "config.json"
+    text = json.dumps({**dataclasses.asdict(cfg), **header}, indent=2)
+    key = str(path.absolute())
+    last = _WRITTEN.get(key)
+    if last is not None and last[0] == text and last[1] == _stat_key(path):
+        return
     tmp = path.with_name(f".config.json.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({**dataclasses.asdict(cfg), **header}, indent=2))
+    tmp.write_text(text)
     os.replace(tmp, path)
+    stat = _stat_key(path)
+    if stat is not None:
+        _WRITTEN[key] = (text, stat)
 
 
 def open_run(run_dir: Path, header: dict[str, Any], cfg: Any, fresh: bool = True, extra_logs: tuple[str, ...] = (),

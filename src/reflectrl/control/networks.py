@@ -59,7 +59,8 @@ class TwinMLP(nn.Module):
         """Last hidden activations of both nets, ``[2, batch, width]`` (0 = actor, 1 = critic)."""
         h = self.act_fn(torch.addmm(self.b_in, obs, self.w_in))
         h = h.view(obs.shape[0], 2, self.h0).transpose(0, 1)
-        for w, b in zip(self.w_hid, self.b_hid):
+        # the lists' parameters in order, without ParameterList's per-item __getattr__ (a per-step cost)
+        for w, b in zip(self.w_hid._parameters.values(), self.b_hid._parameters.values()):
             h = self.act_fn(torch.baddbmm(b, h, w))
         return h
 

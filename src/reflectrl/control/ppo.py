@@ -30,6 +30,7 @@ from .envs import (
     reset_done,
 )
 from .networks import build_actor_critic
+from .optim import EagerAdam
 
 __all__ = ["CHECKPOINT", "PPO", "Rollout"]
 
@@ -49,6 +50,24 @@ class Rollout:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     weights: torch.Tensor | None = None  # per-step advantage weights set by a method
+
+
+def clip_grad_norm(parameters: Any, max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_(parameters, max_norm)``: when the gradients are plain CPU tensors of
+    one dtype, the same kernels in the same order without its per-call grouping and checks (a small MLP's
+    update is bound by such overhead); otherwise torch's own."""
+    params = list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    g0 = grads[0]
+    if g0.device.type != "cpu" or any(type(g) is not torch.Tensor or g.dtype != g0.dtype or g.device != g0.device
+                                      for g in grads):
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return
+    with torch.no_grad():
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+        torch._foreach_mul_(grads, torch.clamp(float(max_norm) / (total + 1e-6), max=1.0))
 
 
 class PPO(Trainer):
@@ -72,7 +91,7 @@ class PPO(Trainer):
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.model = build_actor_critic(obs_space, act_space, cfg.hidden_sizes, cfg.activation, cfg.ortho_init,
                                         cfg.log_std_init)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
+        self.optimizer = EagerAdam(self.model.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
         self.obs_norm = ObsNormalizer(obs_space.shape) if cfg.normalize_obs else None
         self.rew_norm = RewardNormalizer(cfg.num_envs, cfg.gamma) if cfg.normalize_reward else None
         self.act_low = None if self.discrete else np.asarray(act_space.low, np.float64)
@@ -130,8 +149,9 @@ class PPO(Trainer):
         """Collect ``num_steps`` vector steps with the current policy."""
         cfg, T, N = self.cfg, self.cfg.num_steps, self.cfg.num_envs
         obs_l, act_l, logp_l, val_l = [], [], [], []
-        rew_b, final_v = torch.zeros((T, N)), torch.zeros((T, N))
-        term_b, trunc_b = (torch.zeros((T, N), dtype=torch.bool) for _ in range(2))
+        final_v = torch.zeros((T, N))
+        # per-step rows go into numpy buffers (a numpy row write costs a fraction of a tensor's), as tensors after
+        rew_np, term_np, trunc_np = np.zeros((T, N), np.float32), np.zeros((T, N), np.bool_), np.zeros((T, N), np.bool_)
         t_env = t_inf = 0.0
         ep_returns: list[float] = []
         ep_lengths: list[int] = []
@@ -150,8 +170,7 @@ class PPO(Trainer):
             self.tracker.record(env_action, reward)
             done = term | trunc
             learn_r = self.rew_norm(reward, done) if self.rew_norm is not None else reward
-            rew_b[t] = torch.from_numpy(np.asarray(learn_r, np.float32))
-            term_b[t], trunc_b[t] = torch.from_numpy(term), torch.from_numpy(trunc)
+            rew_np[t], term_np[t], trunc_np[t] = learn_r, term, trunc
             if done.any():
                 if cfg.bootstrap_truncation and trunc.any():
                     with torch.no_grad():
@@ -168,6 +187,7 @@ class PPO(Trainer):
         with torch.no_grad():
             bootstrap = self.model.value(self.obs)
         obs_b, act_b, logp_b, val_b = (torch.stack(x) for x in (obs_l, act_l, logp_l, val_l))
+        rew_b, term_b, trunc_b = torch.from_numpy(rew_np), torch.from_numpy(term_np), torch.from_numpy(trunc_np)
         self.global_step += T * N
         self.recent_returns.extend(ep_returns)
         tr = lambda x: x.transpose(0, 1).contiguous()  # [steps, envs] -> [rows, steps]
@@ -247,9 +267,11 @@ class PPO(Trainer):
                         loss = loss + extra
                 if not self.finite("the loss", loss.detach(), f"epoch minibatch starting at {start}"):
                     continue
-                self.optimizer.zero_grad(set_to_none=True)
+                for group in self.optimizer.param_groups:  # zero_grad(set_to_none=True), without its wrappers
+                    for p in group["params"]:
+                        p.grad = None
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                clip_grad_norm(self.model.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 acc += torch.stack([pg.detach(), vl.detach(), entropy.detach(), st["old_approx_kl"],
                                     st["approx_kl"], st["clipfrac"], st["clip_binding_frac"]])

@@ -21,11 +21,12 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, default=None)
     a = ap.parse_args()
     shutil.rmtree(a.out, ignore_errors=True)
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     rc = subprocess.run([sys.executable, "-m", "reflectrl.cli", "demo", "--out", str(a.out)],
                         env={**os.environ, "HF_HUB_OFFLINE": "1"}).returncode
     res = {"benchmark": "demo_time", "rc": rc, "wall_s": round(time.perf_counter() - t0, 1), "cpus": os.cpu_count(),
-           "command": "reflectrl demo"}
+           "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "command": "reflectrl demo"}
     print(json.dumps(res))
     if a.json_out:
         a.json_out.write_text(json.dumps(res, indent=2) + "\n")

@@ -12,7 +12,10 @@ lower ECE, Brier, underconfidence, overconfidence). Verdicts: **holds** when the
 holds unless the CI lies below 0.5. Two checks of self-knowledge per method, baselines included: AUROC above
 0.5 beyond noise (bootstrap CI of the mean over seeds), and reflection accuracy above the best constant
 reflection max(acc, 1 - acc) (CI of the mean per-seed difference above 0). A verdict needs ``--min-seeds``
-pairs (default 3).
+pairs (default 3). A last table follows each run's self-reports: the share of held-out answers it flagged solved and
+its mean held-out confidence, and in its training rollouts the first update at which it flagged none solved
+(a collapse to the constant answer "not solved") with the training accuracy at that update, and the mean
+stated confidence at the first and the last update.
 """
 
 from __future__ import annotations
@@ -95,6 +98,54 @@ def fmt(c: dict) -> str:
     return f"{c['method']:.3f} / {c['baseline']:.3f}, P = {p:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
+def reflection_dynamics(out: Path, task: str, method: str) -> dict[int, dict]:
+    """Seed -> how the reflections of the run's training rollouts evolved: the first update at which none was
+    'solved' (``calibration/coverage`` 0: a collapse to the constant 'not solved'), the training accuracy
+    then, and the coverage of the last update (runs whose rollouts carry no reflection are left out)."""
+    from reflectrl.runlog import read_metrics
+
+    res = {}
+    for d in sorted((out / "runs" / task / method).glob("seed_*")):
+        if not (d / "eval.json").is_file():
+            continue
+        all_recs = read_metrics(d / "metrics.jsonl")
+        conf = [r["calibration/mean_confidence"] for r in all_recs
+                if isinstance(r.get("calibration/mean_confidence"), (int, float))]
+        recs = [r for r in all_recs if isinstance(r.get("calibration/coverage"), (int, float))]
+        if not recs and not conf:
+            continue
+        row: dict = {"confidence_first_last": [float(conf[0]), float(conf[-1])] if conf else None}
+        if recs:
+            first = next((r for r in recs if r["calibration/coverage"] == 0), None)
+            row.update({"first_update_all_not_solved": None if first is None else int(first["update"]),
+                        "train_accuracy_then": None if first is None else
+                        float(first.get("calibration/task_accuracy", float("nan"))),
+                        "last_coverage": float(recs[-1]["calibration/coverage"]), "updates": int(recs[-1]["update"])})
+        res[int(d.name.split("_")[1])] = row
+    return res
+
+
+def dynamics_rows(all_runs: dict[str, dict[str, dict[int, dict]]], dyn: dict[str, dict[int, dict]]) -> list[str]:
+    """Per method and seed: the share of held-out answers flagged solved, and the training reflections' course."""
+    rows = ["", "| method | seed | held-out: share flagged solved | held-out: mean confidence | training: first update "
+            "with none flagged solved (train accuracy then) | training: share flagged solved at the last update | "
+            "training: mean confidence, first -> last update |", "|---|---|---|---|---|---|---|"]
+    for m, runs in all_runs.items():
+        for s in sorted(runs):
+            t = dyn.get(m, {}).get(s) or {}
+            if "updates" in t:
+                first = ("never" if t["first_update_all_not_solved"] is None else
+                         f"{t['first_update_all_not_solved']} ({t['train_accuracy_then']:.2f})")
+                last = f"{t['last_coverage']:.3f} (update {t['updates']})"
+            else:
+                first, last = "no reflection in training", "-"
+            c = t.get("confidence_first_last")
+            conf = f"{c[0]:.3f} -> {c[1]:.3f}" if c else "no confidence in training"
+            rows.append(f"| {m} | {s} | {value(runs[s], 'coverage'):.3f} | {value(runs[s], 'mean_confidence'):.3f} | "
+                        f"{first} | {last} | {conf} |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="a `reflectrl llm compare --out` folder")
@@ -132,7 +183,10 @@ def main() -> None:
             cells.append(f"{e['mean']:.3f} [{e['ci'][0]:.3f}, {e['ci'][1]:.3f}] ({e['verdict']})" if "mean" in e
                          else e["verdict"])
         sk.append(f"| {m} | " + " | ".join(cells) + " |")
-    text = "\n".join(rows + sk)
+    all_runs = {a.baseline: base, **{m: load(a.out, a.task, m) for m in a.methods}}
+    dyn = {m: reflection_dynamics(a.out, a.task, m) for m in all_runs}
+    result["reflection_dynamics"] = dyn
+    text = "\n".join(rows + sk + dynamics_rows(all_runs, dyn))
     print(text)
     if a.md_out:
         a.md_out.write_text(text + "\n")

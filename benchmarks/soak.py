@@ -151,12 +151,20 @@ def render(path: Path) -> str:
         verdict = "met" if x["ok"] else "NOT met"
         rows.append(f"| {name} | `{x['command']}` | {x['updates']} | {x['wall_s'] / 60:.1f} min | "
                     f"{x['rss_start_mib']:.0f} MiB | {x['rss_at_first_tenth_mib']:.0f} MiB | "
-                    f"{x['rss_peak_after_mib']:.0f} MiB | {x['rss_final_mib']:.0f} MiB | "
+                    f"{x['rss_peak_after_mib']:.0f} MiB | {final(x)} | "
                     f"**{x['growth_after_first_tenth']:+.1%}** | {verdict} (< {r['bar']:.0%}) |")
     counts = ", ".join(f"{k}: {v['samples_taken']} samples" for k, v in r["runs"].items())
+    zombie = any(x["rss_final_mib"] == 0 for x in r["runs"].values())
     return "\n".join(rows) + (f"\n\nRSS of the trainer process sampled every {r['interval_s']:g} s ({r['sampler']}; "
                               f"{counts}); {r['cpus']} CPUs, Python {r['python']}, torch {r['torch']}, 1-minute "
-                              f"load average {r['load_average_1min']} at the end.")
+                              f"load average {r['load_average_1min']} at the end." +
+                              (" A final of n/a: the run's last sample caught the process after it had exited and "
+                               "before it was reaped (RSS 0; the sampler now skips such samples)." if zombie else ""))
+
+
+def final(x: dict) -> str:
+    """The last sample's RSS; n/a where it was taken of an exited, unreaped process (RSS 0)."""
+    return "n/a" if x["rss_final_mib"] == 0 else f"{x['rss_final_mib']:.0f} MiB"
 
 
 def main() -> None:

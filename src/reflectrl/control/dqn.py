@@ -26,7 +26,8 @@ from torch.nn import functional as F
 from ..checkpoint import pack_state_dict, unpack_state_dict
 from ..core import RingBuffer
 from ..errors import ConfigError
-from ..trainer import Clock, RunOptions, Trainer, check_all, default_run_dir, load_config
+from ..trainer import Clock, RunOptions, check_all, default_run_dir, load_config
+from .base import EnvTrainer
 from .envs import EpisodeTracker, make_vector_env, replay, reset_all, reset_done
 
 EVAL_EPSILON = 0.05  # epsilon of `reflectrl eval --stochastic` for Q policies (CleanRL's evaluation epsilon)
@@ -160,7 +161,7 @@ class DQNHook:
         return {}
 
 
-class DQN(Trainer):
+class DQN(EnvTrainer):
     """The DQN trainer. ``DQN(DQNConfig(env_id="CartPole-v1")).learn()``; ``hooks`` are
     :class:`DQNHook` s (their ``state()`` / ``load_state()``, if any, go into the checkpoint)."""
 
@@ -341,17 +342,6 @@ class DQN(Trainer):
         rec["charts/SPS"] = (self.global_step - last_step) / max(now - last_t, 1e-9)
         rec["time/interval"] = now - last_t
         self._interval = (now, self.global_step)
-
-    def bar_values(self, rec: dict[str, Any]) -> tuple[float, float | None]:
-        return rec["charts/SPS"], float(np.mean(self.recent_returns)) if self.recent_returns else None
-
-    def close(self) -> None:
-        self.envs.close()
-
-    def summary(self, clock: Clock, start: int) -> dict[str, Any]:
-        return {"run_dir": str(self.run_dir), "global_step": self.global_step, "updates": self.update_idx,
-                "sps": (self.global_step - start) / max(clock.wall, 1e-9), "wall_s": clock.wall,
-                "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None}
 
     # ----------------------------------------------------------------------------- checkpoints
     def state_extra(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:

@@ -18,7 +18,8 @@ import torch
 
 from ..core import discounted_cumsum, explained_variance, gae, next_values_from, ppo_policy_loss, value_loss
 from ..methods.base import AuxInputs, MethodRunner, StepBatch, apply_shaping
-from ..trainer import CHECKPOINT, Clock, Trainer, default_run_dir
+from ..trainer import CHECKPOINT, Clock, default_run_dir
+from .base import EnvTrainer
 from .config import PPOConfig
 from .envs import (
     EpisodeTracker,
@@ -70,7 +71,7 @@ def clip_grad_norm(parameters: Any, max_norm: float) -> None:
         torch._foreach_mul_(grads, torch.clamp(float(max_norm) / (total + 1e-6), max=1.0))
 
 
-class PPO(Trainer):
+class PPO(EnvTrainer):
     """The PPO trainer. ``PPO(PPOConfig(env_id="LunarLander-v3")).learn()``."""
 
     algo_name = "ppo"
@@ -124,17 +125,6 @@ class PPO(Trainer):
 
     def add_rates(self, rec: dict[str, Any], clock: Clock, start: int) -> None:
         rec["charts/SPS"] = (self.global_step - start) / max(clock.wall, 1e-9)
-
-    def bar_values(self, rec: dict[str, Any]) -> tuple[float, float | None]:
-        return rec["charts/SPS"], float(np.mean(self.recent_returns)) if self.recent_returns else None
-
-    def close(self) -> None:
-        self.envs.close()
-
-    def summary(self, clock: Clock, start: int) -> dict[str, Any]:
-        return {"run_dir": str(self.run_dir), "global_step": self.global_step, "updates": self.update_idx,
-                "sps": (self.global_step - start) / max(clock.wall, 1e-9), "wall_s": clock.wall,
-                "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None}
 
     # ----------------------------------------------------------------------------- rollout
     def _norm_obs(self, raw: np.ndarray, update: bool) -> torch.Tensor:

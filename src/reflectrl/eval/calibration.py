@@ -184,6 +184,16 @@ def _figure(width: float = 4.6, height: float = 4.2):
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def _unit_axes(ax: Any, xlabel: str, ylabel: str, title: str, top: float) -> None:
+    """Both axes on [0, 1] (the y axis to ``top``, room for labels), with labels, a title and a light grid."""
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, top)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+
+
 def _save(fig: Any, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -209,13 +219,8 @@ def reliability_diagram(confidence: Any, correct: Any, path: str | Path, bins: i
         ax.text(x + width / 2, min(acc, 0.93) + 0.02, f"{int(count)}", ha="center", va="bottom", fontsize=7)
     if not used.any():
         ax.text(0.5, 0.5, "no confidences", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("stated confidence")
-    ax.set_ylabel("accuracy")
-    ax.set_title(f"{title} (n={int(b['count'].sum())})", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
-    ax.grid(alpha=0.3)
+    _unit_axes(ax, "stated confidence", "accuracy", f"{title} (n={int(b['count'].sum())})", top=1.05)
     return _save(fig, path)
 
 
@@ -234,12 +239,8 @@ def risk_coverage_curve(confidence: Any, correct: Any, path: str | Path,
         ax.legend(fontsize=7)
     else:
         ax.text(0.5, 0.5, "no confidences", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("coverage (share answered)")
-    ax.set_ylabel("selective risk (error rate of answered)")
-    ax.set_title(f"{title} (n={n})", fontsize=10)
-    ax.grid(alpha=0.3)
+    _unit_axes(ax, "coverage (share answered)", "selective risk (error rate of answered)", f"{title} (n={n})",
+               top=1.02)
     return _save(fig, path)
 
 

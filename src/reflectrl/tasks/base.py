@@ -114,6 +114,21 @@ def strip_self_report(text: str) -> str:
     return _AUX.sub("", text) if isinstance(text, str) else ""
 
 
+def parse_tagged_turn(text: Any, opening: re.Pattern) -> tuple[str | None, str]:
+    """(kind, content) of a multi-turn agent's turn: kind from the first tag ``opening`` matches (its group 1,
+    lower-cased; self-report tags removed first), or None. The content runs to that tag's closing tag, or to
+    the end of the text when it is missing (a generator that stops on the closing tag may have dropped it)."""
+    if not isinstance(text, str):
+        return None, ""
+    text = strip_self_report(text)
+    match = opening.search(text)
+    if match is None:
+        return None, ""
+    kind = match.group(1).lower()
+    close = re.compile(f"</{kind}>", re.IGNORECASE).search(text, match.end())
+    return kind, text[match.end(): close.start() if close else len(text)].strip()
+
+
 def self_report(text: str) -> dict[str, Any]:
     """``{"reflection": 1|0, "confidence": q}``, each key only when ``text`` states it."""
     out: dict[str, Any] = {}

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .base import Problem, check_split, in_heldout, register_task, self_report, strip_self_report
+from .base import Problem, check_split, in_heldout, parse_tagged_turn, register_task, self_report
 from .rag_kb import RELATIONS, Passage, generate_kb, kb_questions, load_corpus, load_questions
 
 # bm25s's default token pattern (words of two or more characters), lower-cased, its English stopwords removed
@@ -82,15 +82,7 @@ def parse_turn(text: Any) -> tuple[str | None, str]:
     """(kind, content) of an agent turn: kind 'search' or 'answer' from the first opening tag (self-report
     tags removed first), or None. The content runs to the closing tag, or to the end of the text when it
     is missing (a generator that stops on it drops it)."""
-    if not isinstance(text, str):
-        return None, ""
-    text = strip_self_report(text)
-    match = _TAG.search(text)
-    if match is None:
-        return None, ""
-    kind = match.group(1).lower()
-    close = re.compile(f"</{kind}>", re.IGNORECASE).search(text, match.end())
-    return kind, text[match.end(): close.start() if close else len(text)].strip()
+    return parse_tagged_turn(text, _TAG)
 
 
 # ------------------------------------------------------------------------------------------------

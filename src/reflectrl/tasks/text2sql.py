@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
-from .base import Problem, check_split, parse_reflection, register_task, stable_hash, strip_self_report
+from .base import Problem, check_split, parse_reflection, parse_tagged_turn, register_task, stable_hash
 
 SCHEMA = {
     "departments": ("id", "name", "city"),
@@ -194,15 +194,7 @@ def parse_turn(text: Any) -> tuple[str | None, str]:
     The query runs from that tag to its closing tag, or to the end of the text when the closing
     tag is missing (a generator that stops at the closing tag may have dropped it).
     """
-    if not isinstance(text, str):
-        return None, ""
-    text = strip_self_report(text)
-    match = _TAG.search(text)
-    if match is None:
-        return None, ""
-    kind = match.group(1).lower()
-    close = re.compile(f"</{kind}>", re.IGNORECASE).search(text, match.end())
-    return kind, text[match.end(): close.start() if close else len(text)].strip()
+    return parse_tagged_turn(text, _TAG)
 
 
 # ------------------------------------------------------------------------------------------------

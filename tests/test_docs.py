@@ -21,18 +21,16 @@ program with no rule fails the test and says which rule to add (or to tag the bl
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
-import io
 import json
 import re
 import shlex
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import in_process_cli
 
 from reflectrl.cli import main
 
@@ -265,18 +263,6 @@ def commands(code: str) -> list[str]:
     return [shlex.join(words) for words in lines if words]
 
 
-def in_process_cli(args: list[str], log: Path, capture: bool = False) -> tuple[int, str, float]:
-    """``eval.runner._run_cli`` in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    t0 = time.perf_counter()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(args))
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else 1
-    with open(log, "a") as fh:
-        fh.write(f"\n$ reflectrl {shlex.join(args)}\n{err.getvalue()}{out.getvalue()}")
-    return rc, out.getvalue() if capture else "", time.perf_counter() - t0
 
 
 def run_command(line: str, where: str, capsys) -> None:

@@ -5,11 +5,8 @@ run that failed (it resumes from the failed attempt's checkpoint)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -18,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import in_process_cli
 
 from reflectrl.checkpoint import load_checkpoint
 from reflectrl.cli import main
@@ -161,18 +159,6 @@ def test_tensorboard_has_no_repeated_steps_at_a_resume_seam(tiny, tmp_path, caps
 
 
 # ------------------------------------------------------------------------------ compare --retries
-def in_process_cli(args: list[str], log: Path, capture: bool = False) -> tuple[int, str, float]:
-    """``runner._run_cli`` in this process (the same command through ``reflectrl.cli.main``)."""
-    out, err = io.StringIO(), io.StringIO()
-    t0 = time.perf_counter()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(args))
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else 1
-    with open(log, "a") as fh:
-        fh.write(f"\n$ reflectrl {shlex.join(args)}\n{err.getvalue()}{out.getvalue()}")
-    return rc, out.getvalue() if capture else "", time.perf_counter() - t0
 
 
 def preempted_once(monkeypatch) -> list[list[str]]:

@@ -18,7 +18,7 @@ from .checkpoint import load_checkpoint
 from .control.config import PPOConfig
 from .control.ppo import PPO
 from .errors import CheckpointError
-from .registry import ALGOS, Algo, lookup, register_algo, register_builtins
+from .registry import Algo, algo_table, lookup, register_algo, register_builtins
 from .trainer import CHECKPOINT, Trainer, extend_budget, load_config, read_config_json, run_kind
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ def get_algo(kind: str, name: str) -> Algo:
 
 
 def algo_names(kind: str) -> list[str]:
-    return sorted(ALGOS[kind])
+    return sorted(algo_table(kind))
 
 
 def config_for_algo(algo: str, **overrides: Any) -> "GRPOConfig":

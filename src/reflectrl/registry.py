@@ -60,7 +60,7 @@ def load_builtins(kind: str) -> None:
     pending = _PENDING.get(kind)
     while pending:
         loader = pending.pop(0)
-        table = dict.__getitem__(ALGOS, kind)
+        table = ALGOS[kind]
         users = dict(table)
         try:
             loader()
@@ -71,37 +71,26 @@ def load_builtins(kind: str) -> None:
             table.update(users)
 
 
-class _Tables(dict):
-    """``ALGOS``: front end -> ``{name: Algo}``; reading a front end's table loads its pending built-ins."""
-
-    def __getitem__(self, kind: str) -> dict[str, Algo]:
-        load_builtins(kind)
-        return dict.__getitem__(self, kind)
-
-    def get(self, kind: str, default: Any = None) -> Any:
-        return self[kind] if kind in self else default
-
-    def values(self) -> Any:
-        return [self[k] for k in self]
-
-    def items(self) -> Any:
-        return [(k, self[k]) for k in self]
+ALGOS: dict[str, dict[str, Algo]] = {k: {} for k in KINDS}  # front end -> {name: Algo}; see :func:`algo_table`
 
 
-ALGOS: dict[str, dict[str, Algo]] = _Tables({k: {} for k in KINDS})
+def algo_table(kind: str) -> dict[str, Algo]:
+    """Every registered entry of front end ``kind``, its built-ins loaded."""
+    load_builtins(kind)
+    return ALGOS[kind]
 
 
 def register_algo(algo: Algo) -> Algo:
     """Add an algorithm to its front end's ``--algo`` choices (replacing one of the same name)."""
     if algo.kind not in KINDS:
         raise ValueError(f"unknown front end {algo.kind!r}; choose one of {', '.join(KINDS)}")
-    dict.__getitem__(ALGOS, algo.kind)[algo.name] = algo
+    ALGOS[algo.kind][algo.name] = algo
     return algo
 
 
 def register_builtins(kind: str, loader: Callable[[], None]) -> None:
     """Register a group of ``kind``'s built-in algos lazily: ``loader()`` imports and registers them the
-    first time that front end's table is read (:func:`lookup`, ``ALGOS[kind]``)."""
+    first time a lookup needs that front end's table (:func:`lookup`, :func:`algo_table`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown front end {kind!r}; choose one of {', '.join(KINDS)}")
     _PENDING[kind].append(loader)
@@ -110,9 +99,9 @@ def register_builtins(kind: str, loader: Callable[[], None]) -> None:
 def lookup(kind: str, name: str) -> Algo:
     """The registered entry, or ConfigError listing the choices (pending built-ins load only when ``name``
     is not registered yet)."""
-    table = dict.__getitem__(ALGOS, kind)
+    table = ALGOS[kind]
     if name not in table:
-        table = ALGOS[kind]
+        table = algo_table(kind)
     if name not in table:
         where = "reflectrl train" if kind == "control" else "reflectrl llm train"
         raise ConfigError(f"unknown --algo {name!r} for `{where}`; available: {', '.join(sorted(table))}")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import in_process_cli
+from cli_helpers import in_process_cli
 
 from reflectrl.cli import main
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import in_process_cli
+from cli_helpers import in_process_cli
 
 from reflectrl.checkpoint import load_checkpoint
 from reflectrl.cli import main

@@ -12,7 +12,10 @@ lower ECE, Brier, underconfidence, overconfidence). Verdicts: **holds** when the
 holds unless the CI lies below 0.5. Two checks of self-knowledge per method, baselines included: AUROC above
 0.5 beyond noise (bootstrap CI of the mean over seeds), and reflection accuracy above the best constant
 reflection max(acc, 1 - acc) (CI of the mean per-seed difference above 0). A verdict needs ``--min-seeds``
-pairs (default 3). A last table follows each run's self-reports: the share of held-out answers it flagged solved and
+pairs (default 3). A second reading uses the pairing: the mean over seeds of the per-seed difference (method minus
+baseline, from the same warmed-up model) with its 95% bootstrap CI; "better" there means the CI excludes 0 on the
+better side. The verdicts of the first table stay the claims' rule; the paired table says how far the pairing
+narrows them. A last table follows each run's self-reports: the share of held-out answers it flagged solved and
 its mean held-out confidence, and in its training rollouts the first update at which it flagged none solved
 (a collapse to the constant answer "not solved") with the training accuracy at that update, and the mean
 stated confidence at the first and the last update.
@@ -58,7 +61,43 @@ def compare(m: dict[int, dict], b: dict[int, dict], key: str) -> dict:
         return {"n": 0}
     better = (x, y) if key in HIGHER else (y, x)  # P(first > second) is P(method better)
     p = probability_of_improvement_ci(*better) if len(x) >= 2 else (float("nan"),) * 3
-    return {"n": int(len(x)), "method": float(x.mean()), "baseline": float(y.mean()), "p_better": [float(v) for v in p]}
+    kept = [s for s, k in zip(seeds, ok) if k]
+    d = x - y
+    lo, hi = bootstrap_ci(d, np.mean) if len(d) >= 2 else (float("nan"), float("nan"))
+    return {"n": int(len(x)), "method": float(x.mean()), "baseline": float(y.mean()), "p_better": [float(v) for v in p],
+            "per_seed": {str(s): [float(a), float(b)] for s, a, b in zip(kept, x, y)},
+            "paired_diff": [float(d.mean()), float(lo), float(hi)]}
+
+
+PAIRED_KEYS = ("accuracy", "reflection_accuracy", "auroc", "ece", "brier", "underconfidence")
+
+
+def paired_verdict(c: dict, key: str, min_seeds: int) -> str:
+    if c.get("n", 0) < min_seeds:
+        return f"too few seeds ({c.get('n', 0)})"
+    _, lo, hi = c["paired_diff"]
+    if not math.isfinite(lo):
+        return "no CI"
+    up, down = (lo > 0, hi < 0) if key in HIGHER else (hi < 0, lo > 0)
+    return "better" if up else "worse" if down else "level"
+
+
+def paired_rows(result: dict, methods: list[str], min_seeds: int) -> list[str]:
+    """Per metric and method: mean paired difference (method - baseline) [95% bootstrap CI] and its reading."""
+    rows = ["", "| paired by seed: method - baseline [95% CI] | " + " | ".join(methods) + " |",
+            "|---|" + "---|" * len(methods)]
+    for k in PAIRED_KEYS:
+        cells = []
+        for m in methods:
+            c = result["methods"][m]["metrics"][k]
+            if c.get("n", 0) == 0:
+                cells.append("n/a")
+                continue
+            d, lo, hi = c["paired_diff"]
+            ci = f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else ""
+            cells.append(f"{d:+.3f}{ci}: {paired_verdict(c, k, min_seeds)}")
+        rows.append(f"| {k} ({'higher' if k in HIGHER else 'lower'} is better) | " + " | ".join(cells) + " |")
+    return rows
 
 
 def verdict(c: dict, min_seeds: int, not_lower: bool = False) -> str:
@@ -186,7 +225,7 @@ def main() -> None:
     all_runs = {a.baseline: base, **{m: load(a.out, a.task, m) for m in a.methods}}
     dyn = {m: reflection_dynamics(a.out, a.task, m) for m in all_runs}
     result["reflection_dynamics"] = dyn
-    text = "\n".join(rows + sk + dynamics_rows(all_runs, dyn))
+    text = "\n".join(rows + paired_rows(result, a.methods, a.min_seeds) + sk + dynamics_rows(all_runs, dyn))
     print(text)
     if a.md_out:
         a.md_out.write_text(text + "\n")

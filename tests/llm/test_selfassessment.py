@@ -84,6 +84,46 @@ def test_refgrpo_and_rlcr_shape_the_last_token_before_normalization():
     assert m.metrics()["rlcr/missing_rate"] == pytest.approx(1 / 3)
 
 
+def _split_batch(outcome, advantages, **reports):
+    """Two-turn rows of 4 tokens: the answer (turn 0, tokens 0-1) and the self-report (turn 1, tokens 2-3)."""
+    b = _llm_batch(outcome, steps=4, **reports)
+    b.turn_ids = torch.tensor([[0, 0, 1, 1]] * len(outcome))
+    b.advantages = torch.tensor(advantages)[:, None].expand(-1, 4).clone()
+    b.info["report_asked"] = torch.ones(len(outcome))
+    b.group_size = 2
+    return b
+
+
+def test_split_credit_hand_cases():
+    """split: the answer keeps the outcome's advantage, the self-report turn takes the group advantage of the
+    bonus alone (GRPO-normalized within each group of 2)."""
+    # group 0: right + agrees, wrong + disagrees (said solved); group 1: both agree (bonus equal -> 0)
+    b = _split_batch([1.0, 0.0, 1.0, 0.0], [0.7, -0.7, 0.7, -0.7], reflection=[1, 1, 1, 0])
+    sh = MethodRunner(RefGRPO(RefGRPOOptions(refgrpo_credit="split"))).run(b)
+    assert sh.reward_delta is None
+    adv = b.advantages + sh.advantage_delta
+    g = 0.05 / (0.1 / math.sqrt(2) + 1e-6)  # (0.1 - 0.05) / (unbiased std{0.1, 0} + eps), about 1/sqrt(2)
+    torch.testing.assert_close(adv[:, :2], b.advantages[:, :2])  # the answer's tokens: the outcome's advantage
+    torch.testing.assert_close(adv[:, 2:], torch.tensor([[g, g], [-g, -g], [0.0, 0.0], [0.0, 0.0]]), atol=1e-5, rtol=0)
+    # after the step schedule (c = 0) the reflection turn is not trained at all
+    late = _split_batch([1.0, 0.0, 1.0, 0.0], [0.7, -0.7, 0.7, -0.7], reflection=[1, 1, 1, 0])
+    late.progress = 0.9
+    sh = MethodRunner(RefGRPO(RefGRPOOptions(refgrpo_credit="split"))).run(late)
+    torch.testing.assert_close((late.advantages + sh.advantage_delta)[:, 2:], torch.zeros(4, 2))
+    # rlcr: the calibration term -(q - y)^2 (format penalty when missing) on the confidence turn
+    b = _split_batch([1.0, 0.0, 1.0, 0.0], [0.7, -0.7, 0.0, 0.0], confidence=[0.5, 0.5, 1.0, None])
+    sh = MethodRunner(RLCR(RLCROptions(rlcr_credit="split"))).run(b)
+    adv = b.advantages + sh.advantage_delta
+    torch.testing.assert_close(adv[:, :2], b.advantages[:, :2])
+    z = 1.0 / math.sqrt(2)  # group 1: {0, -2} -> +-1/sqrt(2); group 0: {-0.25, -0.25} -> 0
+    torch.testing.assert_close(adv[:, 2], torch.tensor([0.0, 0.0, z, -z]), atol=1e-5, rtol=0)
+    # a row whose episode did not end with the self-report question keeps its advantage everywhere
+    b = _split_batch([1.0, 0.0], [0.7, -0.7], reflection=[0, 0])
+    b.info["report_asked"] = torch.tensor([1.0, 0.0])
+    sh = MethodRunner(RefGRPO(RefGRPOOptions(refgrpo_credit="split"))).run(b)
+    assert float(sh.advantage_delta[1].abs().sum()) == 0.0 and float(sh.advantage_delta[0, :2].abs().sum()) == 0.0
+
+
 def test_self_report_turn_is_trained_and_the_outcome_never_reaches_the_context(tiny_dir, tmp_path):
     """A refgrpo rollout: the reflection turn's tokens are in the loss mask, and the text the agent sees
     (prompt, environment replies) holds the question only, never the outcome."""
@@ -106,6 +146,31 @@ def test_self_report_turn_is_trained_and_the_outcome_never_reaches_the_context(t
                 assert "outcome" not in text and "correct" not in text and "1.0" not in text
         final = b.infos[r][-1]
         assert final["self_report"] == "reflect" and "outcome" in final
+
+
+def test_split_credit_in_a_refgrpo_run(tiny_dir, tmp_path):
+    """A refgrpo run with --refgrpo-credit split: the reflection turn's tokens carry the bonus's group advantage
+    and the answer's tokens the outcome's (computed here from the batch's own outcomes and reflections)."""
+    from reflectrl.core.advantages import group_advantages
+
+    a = get_algo("llm", "refgrpo")
+    cfg = a.config(task="toy-add", model=str(tiny_dir), run_dir=str(tmp_path / "r"), updates=1, prompts_per_update=3,
+                   group_size=4, max_new_tokens=9, progress=False, tensorboard=False, reward_workers=0,
+                   refgrpo_credit="split")
+    t = a.make(cfg)
+    t.learn()
+    b = t.last_batch
+    groups = torch.arange(b.rows) // 4
+    outcome = torch.tensor([float(i[-1]["outcome"]) for i in b.infos])
+    refl = as_nan([i[-1].get("reflection") for i in b.infos])
+    want_report = group_advantages(reflection_bonus(outcome, refl, 0.1), groups)
+    want_answer = group_advantages(outcome, groups)
+    for r in range(b.rows):
+        m = b.completion_mask[r]
+        turn = b.turn_ids[r][m]
+        adv = b.advantages[r][m]
+        torch.testing.assert_close(adv[turn == 1], want_report[r].expand(int((turn == 1).sum())))
+        torch.testing.assert_close(adv[turn == 0], want_answer[r].expand(int((turn == 0).sum())))
 
 
 @pytest.mark.parametrize("algo", ["refgrpo", "rlcr", "refgrpo-seed"])

@@ -432,13 +432,16 @@ def per_step_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:
 
 def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:
     """Per-row ``outcome``, ``correct`` and, where any row has one, ``reflection`` / ``confidence`` (NaN
-    where missing), from each row's last environment info."""
+    where missing) and ``report_asked`` (1 where the episode ended with a self-report turn), from each row's
+    last environment info."""
     last = [(rows[-1] if rows else {}) for rows in (batch.infos or [[] for _ in range(batch.rows)])]
     out = {"outcome": torch.tensor([float(i.get("outcome", s)) for i, s in zip(last, batch.scores.tolist())]),
            "correct": batch.correct.float()}
     for key, kind in (("reflection", "reflect"), ("confidence", "confidence")):
         if any(key in i or i.get("self_report") == kind for i in last):
             out[key] = as_nan([i.get(key) for i in last])
+    if any("self_report" in i for i in last):
+        out["report_asked"] = torch.tensor([1.0 if "self_report" in i else 0.0 for i in last])
     return out
 
 

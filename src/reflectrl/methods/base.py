@@ -61,7 +61,8 @@ class StepBatch:
     under the policy that sampled them), ``entropy``, ``teacher_logp`` (under a teacher pass, when a hook ran one)."""
     info: dict[str, Tensor] = field(default_factory=dict)
     """Per-row facts of the LLM front end's episodes, ``[R]`` floats: ``outcome`` (the reward the task gave),
-    ``correct`` (0 / 1), and the self-reports ``reflection`` (1 / 0) and ``confidence`` (q), NaN when missing."""
+    ``correct`` (0 / 1), and the self-reports ``reflection`` (1 / 0) and ``confidence`` (q), NaN when missing, with
+    ``report_asked`` (1 where the episode's last turn answered the self-report question)."""
 
 
 @dataclass

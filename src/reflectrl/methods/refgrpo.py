@@ -7,6 +7,11 @@ The reward becomes ``R = outcome + c * 1[reflection == correct]`` (for a binary 
 episode's last token, *before* group normalization (a ``reward_delta`` of the method contract), with ``c``
 on a schedule (the paper: 0.1 for the first two thirds of training, then 0). A missing or malformed
 reflection earns no bonus and is counted (``refgrpo/missing_rate``).
+
+``--refgrpo-credit split`` (not the paper's form; docs/methods-llm.md) trains the two parts of an episode on
+their own signals: the answer's tokens on the outcome's group advantage alone, the reflection turn's tokens on
+the group advantage of the bonus alone (:func:`split_credit`), so that the reflection of a right answer is no
+longer reinforced by the outcome whatever it says.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from ..core.advantages import group_advantages
 from .base import Shaping, StepBatch
 from .rewards import bonus_schedule, reflection_bonus
+
+Credit = Literal["episode", "split"]
 
 
 @dataclass
@@ -31,6 +39,10 @@ class RefGRPOOptions:
     """step: c for the first --refgrpo-until of training, then 0; linear: c down to 0; constant: c throughout."""
     refgrpo_until: float = 2.0 / 3.0
     """The share of training the step schedule keeps the bonus on (the paper's two thirds)."""
+    refgrpo_credit: Credit = "episode"
+    """episode: the bonus joins the outcome and every token takes the episode's advantage (the paper); split: the
+    answer's tokens take the outcome's group advantage, the reflection turn's the bonus's (a bonus the same
+    across a group, or c = 0 after the step schedule, gives them 0)."""
 
     def validate_refgrpo(self) -> list[tuple[bool, str]]:
         return [(self.refgrpo_c >= 0, "--refgrpo-c must be non-negative"),
@@ -40,6 +52,27 @@ class RefGRPOOptions:
 def last_step_delta(batch: StepBatch, per_row: Tensor) -> Tensor:
     """``[R, T]`` holding ``per_row [R]`` at each row's episode end (an LLM row's last policy token)."""
     return batch.episode_end.to(per_row.dtype) * per_row[:, None]
+
+
+def report_turn_mask(batch: StepBatch) -> Tensor:
+    """``[R, T]`` bool: the tokens of each row's self-report turn (its last agent turn, where the episode ended with
+    the self-report question: ``info["report_asked"]``)."""
+    if batch.turn_ids is None:
+        raise ValueError("split credit needs the batch's turn ids (an LLM token batch)")
+    mask = (batch.mask if batch.mask is not None else torch.ones_like(batch.rewards)).bool()
+    turn = torch.where(mask, batch.turn_ids, torch.full_like(batch.turn_ids, -1))
+    asked = batch.info.get("report_asked", torch.zeros(turn.shape[0])).bool()
+    return mask & (turn == turn.max(1, keepdim=True).values) & asked[:, None]
+
+
+def split_credit(batch: StepBatch, per_row: Tensor) -> Shaping:
+    """The shaping that gives the self-report turn's tokens the group advantage (GRPO's, std-normalized) of
+    ``per_row [R]`` in place of the episode's, and leaves every other token's advantage as the estimator gave it
+    (the outcome's)."""
+    report = report_turn_mask(batch)
+    groups = torch.arange(per_row.shape[0]) // max(1, batch.group_size)
+    adv = group_advantages(per_row.to(batch.advantages.dtype), groups)
+    return Shaping(advantage_delta=report.to(adv.dtype) * (adv[:, None] - batch.advantages))
 
 
 class RefGRPO:
@@ -62,6 +95,8 @@ class RefGRPO:
         missing = torch.isnan(reflection).float().mean()
         self._metrics = {"refgrpo/c": c, "refgrpo/bonus_mean": float(bonus.mean()),
                          "refgrpo/missing_rate": float(missing)}
+        if self.o.refgrpo_credit == "split":
+            return split_credit(batch, bonus)
         return Shaping(reward_delta=last_step_delta(batch, bonus))
 
     def metrics(self) -> dict[str, float]:

@@ -4,7 +4,9 @@ The agent answers, then states a confidence q in [0, 1] (:mod:`reflectrl.tasks.s
 becomes ``R = 1[correct] - (q - 1[correct])^2``, the accuracy reward plus a Brier score, a proper scoring
 rule, so that the best policy is both right and calibrated. A completion without a valid confidence gets
 :data:`~reflectrl.methods.rewards.RLCR_FORMAT_PENALTY` (the RLCR release's format rule, on this scale).
-Applied as a ``reward_delta`` at the episode's last token (before group normalization).
+Applied as a ``reward_delta`` at the episode's last token (before group normalization). ``--rlcr-credit split``
+(not the paper's form) trains the answer's tokens on the accuracy term's group advantage alone and the confidence
+turn's tokens on the calibration term's (the Brier term, or the format penalty), as refgrpo's split credit does.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import torch
 from torch import Tensor
 
 from .base import Shaping, StepBatch
-from .refgrpo import last_step_delta
-from .rewards import RLCR_FORMAT_PENALTY, rlcr_reward
+from .refgrpo import Credit, last_step_delta, split_credit
+from .rewards import RLCR_FORMAT_PENALTY, brier_term, rlcr_reward
 
 
 @dataclass
@@ -26,6 +28,9 @@ class RLCROptions:
 
     rlcr_format_penalty: float = RLCR_FORMAT_PENALTY
     """Reward of a completion without a valid confidence (the RLCR release's rule: below every valid one)."""
+    rlcr_credit: Credit = "episode"
+    """episode: R = 1[correct] - (q - 1[correct])^2 on every token (the paper); split: the answer's tokens take the
+    accuracy term's group advantage, the confidence turn's tokens the calibration term's."""
 
     def validate_rlcr(self) -> list[tuple[bool, str]]:
         return [(self.rlcr_format_penalty <= 0, "--rlcr-format-penalty must be <= 0")]
@@ -50,6 +55,9 @@ class RLCR:
         valid = ~torch.isnan(q)
         self._metrics = {"rlcr/reward_mean": float(target.mean()), "rlcr/missing_rate": float((~valid).float().mean()),
                          "rlcr/brier": float(((q[valid] - correct[valid]) ** 2).mean()) if valid.any() else float("nan")}
+        if self.o.rlcr_credit == "split":
+            calibration = torch.where(valid, brier_term(correct, q), torch.full_like(q, self.o.rlcr_format_penalty))
+            return split_credit(batch, calibration)
         return Shaping(reward_delta=last_step_delta(batch, target - outcome))
 
     def metrics(self) -> dict[str, float]:

@@ -1,0 +1,52 @@
+"""benchmarks/llm_claims.py: the unpaired verdicts and the paired reading, on synthetic eval.json files."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "llm_claims.py"
+
+
+@pytest.fixture(scope="module")
+def claims():
+    spec = importlib.util.spec_from_file_location("llm_claims", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _write(root: Path, method: str, accs: list[float], ece: float) -> None:
+    for s, acc in enumerate(accs, 1):
+        d = root / "runs" / "arith" / method / f"seed_{s}"
+        d.mkdir(parents=True)
+        (d / "eval.json").write_text(json.dumps({"accuracy": acc, "ece": ece, "auroc": 0.5, "coverage": 1.0}))
+        (d / "metrics.jsonl").write_text("")
+
+
+def test_pairing_narrows_a_level_verdict(claims, tmp_path, monkeypatch, capsys):
+    """Seeds that differ from each other by more than the method's constant +0.02 per pair: unpaired, P(better) is
+    level; paired, every difference is +0.02, so the paired reading says better. The ECE is equal: level both ways."""
+    base = [0.1, 0.3, 0.5, 0.7, 0.9]
+    _write(tmp_path, "grpo", base, 0.2)
+    _write(tmp_path, "m", [a + 0.02 for a in base], 0.2)
+    out = tmp_path / "c.json"
+    monkeypatch.setattr(sys, "argv", ["llm_claims.py", "--out", str(tmp_path), "--task", "arith", "--methods", "m",
+                                      "--json-out", str(out)])
+    claims.main()
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())["methods"]["m"]
+    acc = res["metrics"]["accuracy"]
+    assert res["verdicts"]["accuracy"] == "holds"  # "not lower": holds unless the CI lies below 0.5
+    assert acc["p_better"][1] < 0.5 < acc["p_better"][2]  # unpaired: the CI straddles 0.5
+    assert acc["paired_diff"][0] == pytest.approx(0.02) and acc["paired_diff"][1] == pytest.approx(0.02)
+    assert claims.paired_verdict(acc, "accuracy", 3) == "better"
+    assert claims.paired_verdict(res["metrics"]["ece"], "ece", 3) == "level"
+    assert acc["per_seed"]["3"] == pytest.approx([0.52, 0.5])
+    assert "+0.020 [+0.020, +0.020]: better" in text
+    assert claims.paired_verdict({"n": 2, "paired_diff": [0.1, 0.1, 0.1]}, "accuracy", 3) == "too few seeds (2)"
+    # lower is better for ECE: a paired CI entirely below 0 is better, entirely above is worse
+    assert claims.paired_verdict({"n": 5, "paired_diff": [-0.1, -0.2, -0.05]}, "ece", 3) == "better"
+    assert claims.paired_verdict({"n": 5, "paired_diff": [0.1, 0.05, 0.2]}, "ece", 3) == "worse"

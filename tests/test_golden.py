@@ -1,8 +1,15 @@
 """Every algo's short run at a fixed seed reproduces its golden ``metrics.jsonl`` bit for bit (timing
 fields aside): a redesign changes no behaviour it does not mean to. Re-record with
-``python tests/golden/runs.py --record NAME`` only for a documented change of behaviour."""
+``python tests/golden/runs.py --record NAME`` only for a documented change of behaviour.
+
+The runs go in one subprocess with PyTorch's AVX2 kernels (``tests/golden/runs.py`` says why), so that the
+files hold on any x86-64 CPU, whatever kernels this test process uses."""
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +20,23 @@ _spec.loader.exec_module(runs)
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("golden")
+def dumped(tmp_path_factory):
+    why = runs.kernels_available()
+    if why:
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("golden")
+    env = {**os.environ, **runs.KERNELS, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(_spec.origin), "--dump", str(out), *runs.NAMES], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
 
 
 @pytest.mark.parametrize("name", runs.NAMES)
-def test_metrics_equal_golden(name, workdir):
-    got = runs.run(name, workdir)
+def test_metrics_equal_golden(name, dumped):
+    err = dumped / f"{name}.error"
+    assert not err.exists(), err.read_text()
+    got = [json.loads(line) for line in (dumped / f"{name}.jsonl").read_text().splitlines() if line.strip()]
     want = runs.load(name)
     assert len(got) == len(want)
     for g, w in zip(got, want):

@@ -122,6 +122,39 @@ def test_gear_seed_winners_and_omega_of_a_hand_worked_group():
     torch.testing.assert_close(sh.weights, torch.full((R, T), math.exp(0.625 / 0.5)))
 
 
+@pytest.mark.parametrize("capacity", [8192, 10])
+def test_gear_seed_whole_row_pass_equals_the_episode_loop(capacity):
+    """On whole-row LLM batches (rows of different lengths, tied scores, two groups) the one-pass collection stores the
+    same winner steps and targets, in the same ring layout, as the per-episode loop; over two batches, so a second
+    batch's episodes must not start with the first one's padding."""
+    R, T, H, G = 8, 5, 3, 4
+    gen = torch.Generator().manual_seed(3)
+    opts = GearSeedOptions(gear_distill_hidden=(), gear_distill_target="terminal", gear_winner_buffer=capacity,
+                           gear_top_frac=0.5)
+    fast, loop = GearSeed(H, R, G, 0.9, opts, seed=0), GearSeed(H, R, G, 0.9, opts, seed=0)
+    loop._whole_groups = lambda batch: None
+    taken = []
+    one_pass = fast._whole_groups
+    fast._whole_groups = lambda batch: taken.append(one_pass(batch)) or taken[-1]
+    for _ in range(2):
+        last = torch.randint(0, T, (R,), generator=gen)
+        end = torch.zeros(R, T, dtype=torch.bool)
+        end[torch.arange(R), last] = True
+        rewards = torch.zeros(R, T)
+        rewards[torch.arange(R), last] = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.25, 0.0])
+        states = torch.randn(R, T, H, generator=gen)
+        sb = StepBatch(states=states, features=states, rewards=rewards, values=torch.zeros(R, T),
+                       advantages=torch.ones(R, T), returns=torch.ones(R, T), episode_end=end, terminated=end,
+                       next_values=torch.zeros(R, T), mask=torch.ones(R, T), group_size=G, whole_rows=True)
+        fast.fit(sb)
+        loop.fit(sb)
+        assert (fast.store.ptr, fast.store.size) == (loop.store.ptr, loop.store.size)
+        assert torch.equal(fast.store.x, loop.store.x) and torch.equal(fast.store.y, loop.store.y)
+        assert fast.assembler.episode == loop.assembler.episode and not fast.pending and not loop.pending
+        assert fast.metrics() == loop.metrics()
+    assert taken == [(2, 4), (2, 4)]  # the one pass ran on both batches: 2 groups, 2 winners each
+
+
 @pytest.mark.parametrize("algo,extra", [("gear-seed", {}), ("gear", {})])
 def test_resume_equals_uninterrupted(tiny_dir, tmp_path, algo, extra):
     a = get_algo("llm", algo)

@@ -82,6 +82,26 @@ def test_episode_assembler_joins_episodes_across_batches():
     assert [e.data["x"].tolist() for e in again.add(e2, x=x2)] == [[2.0, 3.0, 8.0], [4.0, 5.0, 6.0, 7.0, 12.0, 13.0, 14.0]]
 
 
+def test_episode_assembler_whole_rows_keeps_no_padding():
+    """LLM rows (whole_rows): each row's episode is its steps up to its end; the padding after it never becomes
+    the start of the row's next episode (which is what joining across batches would do)."""
+    asm = EpisodeAssembler(2, ("x",))
+    x1 = torch.arange(8.0).reshape(2, 4)
+    e1 = torch.tensor([[False, True, False, False], [False, False, False, True]])
+    out = asm.add(e1, whole_rows=True, x=x1)
+    assert [(e.row, e.index, e.end_step, e.data["x"].tolist()) for e in out] == [(0, 0, 1, [0.0, 1.0]),
+                                                                                  (1, 0, 3, [4.0, 5.0, 6.0, 7.0])]
+    x2 = torch.arange(8.0, 16.0).reshape(2, 4)
+    e2 = torch.tensor([[False, False, True, False], [True, False, False, False]])
+    out = asm.add(e2, whole_rows=True, x=x2)
+    assert [(e.row, e.index, e.data["x"].tolist()) for e in out] == [(0, 1, [8.0, 9.0, 10.0]), (1, 1, [12.0])]
+    assert asm.pending_length(0) == 0 and asm.pending_length(1) == 0
+    # the same batches as control streams: row 0's padding tail [2, 3] would open its next episode
+    joined = EpisodeAssembler(2, ("x",))
+    joined.add(e1, x=x1)
+    assert joined.add(e2, x=x2)[0].data["x"].tolist() == [2.0, 3.0, 8.0, 9.0, 10.0]
+
+
 def test_tracker_seed_groups_share_reset_seeds():
     tr = EpisodeTracker(seed=5, num_envs=4, group_size=2)
     s = tr.seeds()

@@ -404,7 +404,7 @@ def step_batch(trainer: GRPO, batch: TokenBatch) -> StepBatch:
                      terminated=end & ~batch.truncated[:, None], next_values=zeros, mask=mask.float(),
                      progress=(trainer.update_idx - 1) / max(trainer.cfg.updates, 1),
                      group_size=trainer.cfg.group_size, turn_ids=batch.turn_ids, info=episode_info(batch),
-                     per_step=per_step_extras(batch))
+                     per_step=per_step_extras(batch), whole_rows=True)
 
 
 TOOL_KINDS = ("sql", "search")  # the env infos' "kind" of a turn that queried a database or searched a corpus

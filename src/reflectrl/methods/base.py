@@ -59,6 +59,9 @@ class StepBatch:
     per_step: dict[str, Tensor] = field(default_factory=dict)
     """Per-step extras ``[R, T]`` of the LLM front end a method may read: ``logp`` (the sampled tokens' log-prob
     under the policy that sampled them), ``entropy``, ``teacher_logp`` (under a teacher pass, when a hook ran one)."""
+    whole_rows: bool = False
+    """True on the LLM front end: each row holds one whole episode, which ends at the row's ``episode_end``; the
+    steps after it are padding, not the start of the row's next episode."""
     info: dict[str, Tensor] = field(default_factory=dict)
     """Per-row facts of the LLM front end's episodes, ``[R]`` floats: ``outcome`` (the reward the task gave),
     ``correct`` (0 / 1), and the self-reports ``reflection`` (1 / 0) and ``confidence`` (q), NaN when missing, with
@@ -219,13 +222,23 @@ class EpisodeAssembler:
         self.parts: list[dict[str, list[Tensor]]] = [{f: [] for f in self.fields} for _ in range(rows)]
         self.episode = [0] * rows
 
-    def add(self, episode_end: Tensor, **data: Tensor) -> list[Episode]:
-        """Feed one batch (every field ``[rows, steps, ...]``); return the episodes it completed."""
+    def add(self, episode_end: Tensor, whole_rows: bool = False, **data: Tensor) -> list[Episode]:
+        """Feed one batch (every field ``[rows, steps, ...]``); return the episodes it completed. With
+        ``whole_rows`` (:attr:`StepBatch.whole_rows`) each row's episode starts at its first step and ends at its
+        episode end, and nothing after it is kept; the episodes' fields are views of ``data``."""
         steps = episode_end.shape[1]
         ends: list[list[int]] = [[] for _ in range(self.rows)]
         for r, t in episode_end.nonzero().tolist():
             ends[r].append(t)
         out = []
+        if whole_rows:
+            self.parts = [{f: [] for f in self.fields} for _ in range(self.rows)]
+            for r in range(self.rows):
+                if ends[r]:
+                    t = ends[r][-1]
+                    out.append(Episode(r, self.episode[r], {f: data[f][r, :t + 1] for f in self.fields}, t))
+                    self.episode[r] += 1
+            return out
         for r in range(self.rows):
             start = 0
             for t in ends[r]:

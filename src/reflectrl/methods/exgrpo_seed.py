@@ -324,7 +324,7 @@ class ExGRPOSeed:
         self._metrics: dict[str, float] = {}
 
     def shape(self, batch: StepBatch) -> Shaping:
-        episodes = self.assembler.add(batch.episode_end, states=batch.states, rewards=batch.rewards)
+        episodes = self.assembler.add(batch.episode_end, batch.whole_rows, states=batch.states, rewards=batch.rewards)
         if not episodes:
             self._new = None
             self._metrics = {}

@@ -228,8 +228,13 @@ class GearSeed:
     def fit(self, batch: StepBatch) -> None:
         """Collect finished episodes, pick the winners of finished groups, regress V_d, sync the target."""
         boot = torch.where(batch.episode_end & ~batch.terminated, batch.next_values, torch.zeros_like(batch.next_values))
-        done = self.assembler.add(batch.episode_end, states=batch.states, rewards=batch.rewards, boot=boot)
-        groups, winners = self._collect(done)
+        fast = self._whole_groups(batch)
+        if fast is not None:
+            groups, winners = fast
+        else:
+            done = self.assembler.add(batch.episode_end, batch.whole_rows, states=batch.states, rewards=batch.rewards,
+                                      boot=boot)
+            groups, winners = self._collect(done)
         loss = float("nan")
         if self.store.size:
             n = min(self.store.size, self.o.gear_distill_batch)
@@ -242,6 +247,35 @@ class GearSeed:
                 self.target_ready = True
         self._metrics.update({"gear/vd_loss": loss, "gear/groups_completed": groups, "gear/winners": winners,
                               "gear/winner_steps": self.store.size, "gear/pending_groups": len(self.pending)})
+
+    def _whole_groups(self, batch: StepBatch) -> tuple[int, int] | None:
+        """The LLM case in one pass: whole-row episodes, every row ended, complete groups, none pending, terminal
+        targets. Picks the same winners and stores the same steps and targets as :meth:`_collect` on the
+        assembler's episodes; None where that case does not apply."""
+        end = batch.episode_end
+        R, T = end.shape
+        if not (batch.whole_rows and self.o.gear_distill_target == "terminal" and not self.pending
+                and R % self.G == 0 and bool((end.sum(1) == 1).all())):
+            return None
+        last = end.to(torch.int64).argmax(1)  # [R]
+        steps = torch.arange(T)
+        inside = steps[None, :] <= last[:, None]  # [R, T]
+        score = torch.where(inside, batch.rewards, torch.zeros_like(batch.rewards)).sum(1)
+        order = torch.sort(score.reshape(-1, self.G), dim=1, descending=True, stable=True).indices[:, :self.k]
+        rows = (order + torch.arange(R // self.G)[:, None] * self.G).reshape(-1)  # group-major, as _collect adds them
+        take = inside[rows]
+        x = batch.states[rows][take]
+        power = (last[rows][:, None] - steps[None, :]).clamp_min(0).to(torch.float64)
+        y = (self.gamma ** power * score[rows].to(torch.float64)[:, None])[take].to(batch.rewards.dtype)
+        if x.shape[0] <= self.store.capacity:
+            self.store.add(x=x, y=y)
+        else:  # one winner at a time, so the ring keeps the layout of successive adds
+            n = inside[rows].sum(1).tolist()
+            for xs, ys in zip(x.split(n), y.split(n)):
+                self.store.add(x=xs, y=ys)
+        for r in range(R):
+            self.assembler.episode[r] += 1
+        return R // self.G, int(rows.numel())
 
     def _collect(self, episodes: list[Episode]) -> tuple[int, int]:
         """File episodes under their group; return (groups completed, winners added)."""

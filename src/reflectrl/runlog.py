@@ -205,3 +205,21 @@ def truncate_metrics(path: Path, max_update: int) -> None:
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a ``metrics.jsonl`` file."""
     return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+
+
+PROCESS_FIELDS = ("rollout/reward_cache_hits",)
+"""Metrics that describe the process rather than the run: the reward cache lives in memory and is not part of a
+checkpoint, so a resumed run scores again the completions an uninterrupted one would have found in its cache (the
+rewards are the same; the count of hits is not)."""
+
+
+def is_process_field(key: str) -> bool:
+    """Timing fields (``time/*``, throughputs ``*per_s``, ``charts/SPS``) and :data:`PROCESS_FIELDS`: what two runs
+    of the same configuration may differ in while their behaviour is the same."""
+    return key.startswith("time/") or "per_s" in key or key == "charts/SPS" or key in PROCESS_FIELDS
+
+
+def behaviour(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` without their process fields (:func:`is_process_field`): what resume and same-seed equality
+    compare."""
+    return [{k: v for k, v in r.items() if not is_process_field(k)} for r in records]

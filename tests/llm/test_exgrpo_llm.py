@@ -10,7 +10,7 @@ import torch
 from reflectrl.algos import get_algo, resume
 from reflectrl.core import PolicyLossConfig, mixed_policy_loss, shaped_ratio
 from reflectrl.methods.exgrpo import OFFPOLICY, STORED, ExGRPO, bucket_weights, sample_from_buckets
-from reflectrl.runlog import read_metrics
+from reflectrl.runlog import behaviour, read_metrics
 
 
 def test_bucket_weights_and_sampling():
@@ -121,7 +121,7 @@ def test_exgrpo_resume_equals_uninterrupted_with_a_buffer(warm_dir, tmp_path):
     cut = resume(tmp_path / "cut", 4)
     assert cut.hooks[0].buffer or cut.hooks[0].retired  # the checkpoint carried the experience
     cut.learn()
-    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k} for r in rs]
+    strip = behaviour
     full = strip(read_metrics(tmp_path / "full" / "metrics.jsonl"))
     assert strip(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == full and full[-1]["exgrpo/replay_on"] == 1.0
 
@@ -132,7 +132,7 @@ def test_exgrpo_seed_llm_resume(tiny_dir, tmp_path):
     a.make(_cfg(tiny_dir, tmp_path, "full", **kw)).learn()
     a.make(_cfg(tiny_dir, tmp_path, "cut", updates=2, **kw)).learn()
     resume(tmp_path / "cut", 4).learn()
-    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k} for r in rs]
+    strip = behaviour
     full = strip(read_metrics(tmp_path / "full" / "metrics.jsonl"))
     assert strip(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == full
     assert "exgrpo/refl_mean" in full[-1]

@@ -13,7 +13,7 @@ from reflectrl.llm.turns import GroupBaselineView
 from reflectrl.methods.base import MethodRunner, StepBatch
 from reflectrl.methods.gear import GEAR, GEAROptions, departures, segment_sources, teacher_weights
 from reflectrl.methods.gear_seed import GearSeed, GearSeedOptions
-from reflectrl.runlog import read_metrics
+from reflectrl.runlog import behaviour, read_metrics
 
 
 def test_departures_by_each_rule():
@@ -161,5 +161,5 @@ def test_resume_equals_uninterrupted(tiny_dir, tmp_path, algo, extra):
     a.make(_cfg(algo, tiny_dir, tmp_path, "full", **extra)).learn()
     a.make(_cfg(algo, tiny_dir, tmp_path, "cut", updates=2, **extra)).learn()
     resume(tmp_path / "cut", 4).learn()
-    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k} for r in rs]
+    strip = behaviour
     assert strip(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "full" / "metrics.jsonl"))

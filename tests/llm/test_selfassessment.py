@@ -20,7 +20,7 @@ from reflectrl.methods.rewards import (
     rlcr_reward,
 )
 from reflectrl.methods.rlcr import RLCR, RLCROptions
-from reflectrl.runlog import read_metrics
+from reflectrl.runlog import behaviour, read_metrics
 from reflectrl.tasks.selfreport import QUESTIONS, SelfReportTask, parse_report
 
 NAN = float("nan")
@@ -187,7 +187,7 @@ def test_llm_self_assessment_resume_equals_uninterrupted(tiny_dir, tmp_path, alg
     a.make(cfg("full")).learn()
     a.make(cfg("cut", updates=2)).learn()
     resume(tmp_path / "cut", 4).learn()
-    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k} for r in rs]
+    strip = behaviour
     full, cut = strip(read_metrics(tmp_path / "full" / "metrics.jsonl")), strip(read_metrics(tmp_path / "cut" / "metrics.jsonl"))
     assert len(full) == 4 and cut == full
     cfgjson = json.loads((tmp_path / "cut" / "config.json").read_text())

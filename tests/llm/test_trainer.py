@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from reflectrl.algos import config_for_algo, resume
 from reflectrl.llm.batch import RowResult, Segment, build_batch
 from reflectrl.llm.grpo import GRPO, GRPOHook
-from reflectrl.runlog import read_metrics
+from reflectrl.runlog import behaviour, read_metrics
 from reflectrl.trainer import CHECKPOINT
 
 
@@ -106,7 +106,7 @@ class Interrupt(GRPOHook):
 
 
 def strip_timing(recs):
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k} for r in recs]
+    return behaviour(recs)
 
 
 def test_train_then_resume_equals_uninterrupted(tiny_dir, tmp_path):

@@ -95,6 +95,33 @@ def test_the_teacher_sees_the_reference_and_the_student_does_not(tiny_dir, tmp_p
     assert (tl[~batch.completion_mask] == 0).all() and (tl[batch.completion_mask] < 0).all()
 
 
+@pytest.mark.parametrize("kl", [False, True])
+def test_the_shared_prompt_teacher_pass_equals_a_full_forward(tiny_dir, tmp_path, kl):
+    """The teacher pass runs each group's teacher prompt once into a KV cache its rows share: its log-probs (and
+    KL) equal a plain forward over every row's teacher prompt and response, on rows of different lengths; also on
+    a multi-turn batch, whose responses hold feedback tokens."""
+    for task in ("toy-add", "toy-guess"):
+        t = get_algo("llm", "gear").make(_cfg("gear", tiny_dir, tmp_path, f"g{kl}{task}", updates=1, task=task,
+                                               gear_divergence="kl" if kl else "logratio"))
+        teacher = next(h for h in t.hooks if isinstance(h, TeacherPass))
+        batch, _ = t.rollout.run(t.next_problems(3), 4, t.gen)
+        t.prepare(batch)
+        teacher.after_prepare(t, batch)
+        teach = batch.with_prompts(teacher.prompts(t, batch), t.policy.pad_id)
+        with torch.no_grad():
+            t.policy.eval()
+            full = t.policy.forward_batch(teach, temperature=t.cfg.temperature, with_logprobs=True)
+        mask = batch.completion_mask
+        assert len({tuple(q) for q in teacher.prompts(t, batch)}) == 3 and batch.rows == 12
+        assert bool(batch.feedback_mask.any()) == (task == "toy-guess")  # the multi-turn rows carry feedback
+        torch.testing.assert_close(batch.extras["step/teacher_logp"], full.logp * mask, atol=2e-5, rtol=1e-5)
+        if kl:
+            with torch.no_grad():
+                s_out = t.policy.forward_batch(batch, temperature=t.cfg.temperature, with_logprobs=True)
+            want = (s_out.logprobs.exp() * (s_out.logprobs - full.logprobs)).sum(-1) * batch.response_attention * mask
+            torch.testing.assert_close(batch.extras["step/teacher_kl"], want, atol=2e-5, rtol=1e-4)
+
+
 def test_gear_seed_winners_and_omega_of_a_hand_worked_group():
     """One group of 4: rewards 1, 0, 0.5, 0 (at each row's last token). The winner (top 1 of 4) is row 0;
     V_orig is the group mean 0.375 on every token; with V_d = 1 everywhere omega = exp((1 - 0.375) / tau)."""

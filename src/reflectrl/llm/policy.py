@@ -147,6 +147,38 @@ class Policy(nn.Module):
         return TokenOutputs(logp, ent, hid, all_logp if with_logprobs else None)
 
     @torch.no_grad()
+    def shared_prompt_logp(self, prompts: list[list[int]], response_ids: Tensor, response_attention: Tensor,
+                           temperature: float = 1.0, with_logprobs: bool = False) -> tuple[Tensor, Tensor | None]:
+        """No-grad log-probs ``[R, C]`` of each row's response tokens after its prompt, where rows repeat prompts
+        (the G rows of a group): each distinct prompt is run once into a KV cache, which is copied to its rows,
+        then the responses run on it. The same numbers as :meth:`forward_batch` on the concatenated rows, up to
+        float rounding; with ``with_logprobs`` also the full log-distributions ``[R, C, V]``."""
+        from transformers import DynamicCache
+
+        from .batch import left_pad
+
+        dev = self.device
+        first: dict[tuple[int, ...], int] = {}
+        inverse = torch.as_tensor([first.setdefault(tuple(q), len(first)) for q in prompts], device=dev)
+        ids, mask = left_pad([list(q) for q in first], self.pad_id)
+        ids, mask = ids.to(dev), mask.long().to(dev)
+        cache = DynamicCache(config=self.config) if "config" in inspect.signature(DynamicCache.__init__).parameters \
+            else DynamicCache()
+        head = self.step_logits(ids, mask, (mask.cumsum(1) - 1).clamp_min(0), cache)  # predicts response token 0
+        cache.batch_select_indices(inverse)
+        resp = response_attention.to(dev).long()
+        attn = torch.cat([mask[inverse], resp], 1)
+        pos = mask.sum(1)[inverse][:, None] + (resp.cumsum(1) - 1).clamp_min(0)
+        out = self.model(input_ids=response_ids.to(dev), attention_mask=attn, position_ids=pos, use_cache=True,
+                         **{self._cache_kw: cache})
+        logits = torch.cat([head[inverse][:, None], out.logits[:, :-1]], 1).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        all_logp = torch.log_softmax(logits, -1)
+        logp = all_logp.gather(-1, response_ids.to(dev).unsqueeze(-1)).squeeze(-1) * resp
+        return logp, (all_logp if with_logprobs else None)
+
+    @torch.no_grad()
     def ref_logprobs(self, batch: "TokenBatch", temperature: float = 1.0) -> Tensor:
         """Log-probs under the frozen reference (the base model with LoRA adapters disabled, or a copy)."""
         if self._ref[0] is not None:

@@ -1,8 +1,8 @@
 """The self-teacher pass of gear: the policy itself, with the reference answer in its context, scores the
 tokens the student sampled. One batched no-grad forward over the sampled completions after the teacher's
-prompts (:meth:`~reflectrl.llm.batch.TokenBatch.with_prompts` keeps the responses, so its log-probs align
-token by token), in chunks; with ``kl`` a second no-grad forward of the student gives the full
-``KL(pi || pi_T)`` per token."""
+prompts, in chunks, with each distinct teacher prompt (one per group) run once into a KV cache that its rows
+share (:meth:`~reflectrl.llm.policy.Policy.shared_prompt_logp`; the log-probs align token by token); with
+``kl`` a second no-grad forward of the student gives the full ``KL(pi || pi_T)`` per token."""
 
 from __future__ import annotations
 
@@ -42,19 +42,20 @@ class TeacherPass(GRPOHook):
 
         t0 = time.perf_counter()
         pol, cfg = trainer.policy, trainer.cfg
-        teach = batch.with_prompts(self.prompts(trainer, batch), pol.pad_id)
+        prompts = self.prompts(trainer, batch)
         step = self.chunk_rows or max(1, math.ceil(batch.rows / cfg.grad_accum))
         logp, kl = [], []
         was = pol.training
         pol.eval()
         for s in range(0, batch.rows, step):
             rows = range(s, min(s + step, batch.rows))
-            t_out = pol.forward_batch(teach.select(rows, trim=False), temperature=cfg.temperature, with_logprobs=self.kl)
-            logp.append(t_out.logp.cpu())
+            t_logp, t_all = pol.shared_prompt_logp(prompts[s:rows.stop], batch.response_ids[s:rows.stop],
+                                                   batch.response_attention[s:rows.stop], cfg.temperature, self.kl)
+            logp.append(t_logp.cpu())
             if self.kl:
                 s_out = pol.forward_batch(batch.select(rows, trim=False), temperature=cfg.temperature, with_logprobs=True)
                 p_s = s_out.logprobs.exp()
-                kl.append((p_s * (s_out.logprobs - t_out.logprobs)).sum(-1).cpu() * batch.response_attention[rows])
+                kl.append((p_s * (s_out.logprobs - t_all)).sum(-1).cpu() * batch.response_attention[rows])
         pol.train(was)
         mask = batch.completion_mask.float()
         batch.extras["step/teacher_logp"] = torch.cat(logp)[:, :batch.steps] * mask

@@ -38,7 +38,8 @@ def preset(task: str) -> dict:
     from reflectrl.tasks.base import get_task
 
     r = recipe(task)
-    return {"tiny": list(r.tiny), "warmup": list(r.warmup), "warmup_target": r.warmup_target, "train": list(r.train),
+    return {"tiny": list(r.tiny), "warmup": [*r.warmup, *r.task_flags()], "warmup_target": r.warmup_target,
+            "train": [*r.train, *r.task_flags()], "eval": list(r.task_flags("--set")),
             "max_new_tokens": MAX_NEW_TOKENS.get(task, int(getattr(get_task(task), "max_new_tokens", 32)))}
 
 
@@ -102,7 +103,7 @@ def main() -> None:
         (out / "warmup_summary.json").write_text(json.dumps(warm))
     warm = json.loads((out / "warmup_summary.json").read_text())
     before = last_json(run(["llm", "eval", str(out / "warmup"), "--task", a.task, "--json", "--max-new-tokens", n_tok,
-                            *limit], log))
+                            *limit, *p["eval"]], log))
     budget_flag = "--cpu-time-limit-s" if a.clock == "cpu" else "--time-limit-s"
     if (out / "grpo").exists():
         shutil.rmtree(out / "grpo")

@@ -100,7 +100,7 @@ def build_model(out: Path, task: str, seed: int) -> tuple[str, str | None]:
         shutil.rmtree(warm)
     rc, _, _ = _run_cli(["llm", "warmup", "--model", str(d / "tiny"), "--task", task, "--out", str(warm), *r.warmup,
                          "--stop-at-accuracy", str(r.warmup_target), "--seed", str(seed), "--self-report", "both",
-                         "--teacher-share", "0.25", "--no-progress"], log)
+                         "--teacher-share", "0.25", "--no-progress", *r.task_flags()], log)
     return str(warm), None if rc == 0 else f"warmup exited with status {rc} (log: {log})"
 
 
@@ -114,7 +114,7 @@ def build_grid(methods: Sequence[MethodSpec], tasks: Sequence[str], seeds: Seque
     specs = []
     for task in tasks:
         r = RECIPES.get(task)
-        base = tuple(r.train) if r is not None else ()
+        base = (*r.train, *r.task_flags()) if r is not None else ()
         budget = updates or (r.updates if r is not None else 100)
         for m in methods:
             for s in seeds:

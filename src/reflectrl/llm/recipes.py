@@ -21,6 +21,16 @@ class Recipe:
     updates: int
     """The default update budget of one ``reflectrl llm compare`` run (``--updates`` overrides it); BENCHMARKS.md
     gives the CPU time GRPO takes for it."""
+    task_options: tuple[str, ...] = ()
+    """Task options (KEY=VALUE) of the warm-up, the training and the evaluations."""
+
+    def task_flags(self, flag: str = "--task-options") -> tuple[str, ...]:
+        """``task_options`` as CLI flags: ``--task-options K=V ...`` (warm-up, train) or ``--set K=V`` each (eval)."""
+        if not self.task_options:
+            return ()
+        if flag == "--set":
+            return tuple(x for o in self.task_options for x in ("--set", o))
+        return (flag, *self.task_options)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -55,7 +65,10 @@ RECIPES: dict[str, Recipe] = {
         warmup_target=0.2,
         train=("--prompts-per-update", "8", "--group-size", "8", "--learning-rate", "2e-4", "--minibatches", "2",
                "--temperature", "1.0", "--gen-batch", "64", "--reward-workers", "4"),
-        updates=200),
+        updates=200,
+        # 1000 company clusters: too many facts for the tiny model to memorize, so it learns to read what it
+        # retrieves (with the default 48 it memorizes the training entities; BENCHMARKS.md, "Does GRPO learn")
+        task_options=("n_companies=1000",)),
 }
 
 

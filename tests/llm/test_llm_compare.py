@@ -51,3 +51,20 @@ def test_small_grid_trains_reports_and_skips_on_rerun(tmp_path: Path, capsys):
     assert "grpo" in report and "rlcr" in report
     assert main(argv) == 0
     assert "4 runs: 4 finished (skipped), 0 to resume, 0 to train" in capsys.readouterr().out
+
+
+def test_a_recipe_s_task_options_reach_every_run():
+    """rag's recipe trains on a 1000-cluster knowledge base: its task options are in each run's train flags (and
+    the recipe renders them for the warm-up and for evaluations)."""
+    from reflectrl.eval.compare import parse_method
+    from reflectrl.eval.llm_compare import build_grid
+    from reflectrl.llm.recipes import recipe
+
+    r = recipe("rag")
+    assert r.task_flags() == ("--task-options", "n_companies=1000") and r.task_flags("--set") == ("--set", "n_companies=1000")
+    assert recipe("arith").task_flags() == ()
+    specs = build_grid([parse_method("grpo", "llm")], ["rag", "arith"], [1], Path("out"),
+                       {("rag", 1): "m", ("arith", 1): "m"}, None, (), ())
+    rag, arith = ([s for s in specs if s.env_id == t][0] for t in ("rag", "arith"))
+    i = rag.train_args.index("--task-options")
+    assert rag.train_args[i + 1] == "n_companies=1000" and "--task-options" not in arith.train_args

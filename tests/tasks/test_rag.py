@@ -213,7 +213,8 @@ def test_stop_sequences_and_prompts():
 @pytest.mark.parametrize("options, match", [
     ({"metric": "bleu"}, "metric"), ({"report": "inline"}, "report"), ({"k": 0}, "k must"),
     ({"max_turns": "4"}, "max_turns"), ({"heldout_fraction": 1.5}, "heldout_fraction"),
-    ({"corpus": "c.jsonl"}, "both corpus"), ({"people": True}, "people")])
+    ({"corpus": "c.jsonl"}, "both corpus"), ({"people": True}, "people"),
+    ({"n_companies": 2000, "people": 3}, "too large: the generated names allow at most 4800 persons")])
 def test_bad_options(options, match):
     with pytest.raises(ConfigError, match=match):
         RAGTask(**options)

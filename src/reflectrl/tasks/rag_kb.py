@@ -101,6 +101,10 @@ class KnowledgeBase:
     kinds: dict[str, str]
 
 
+MAX_PERSONS = 4800  # two-syllable person names: (14 consonants x 5 vowels)^2 = 4900, less the reserved words
+MAX_COMPANIES = 60000  # two syllables and a final consonant: 68 600
+
+
 def _names(rng: random.Random, count: int, syllables: int, coda: bool, taken: set[str]) -> list[str]:
     """``count`` new pronounceable names (CV syllables, optionally a final consonant), unique in ``taken``."""
     out: list[str] = []
@@ -115,6 +119,9 @@ def _names(rng: random.Random, count: int, syllables: int, coda: bool, taken: se
 
 def generate_kb(seed: int, n_companies: int, people: int) -> KnowledgeBase:
     """The knowledge base of ``n_companies`` clusters of one company and ``people`` persons; deterministic."""
+    if n_companies * people > MAX_PERSONS or n_companies > MAX_COMPANIES:
+        raise ConfigError(f"rag knowledge base of {n_companies} companies x {people} people is too large: the generated "
+                          f"names allow at most {MAX_PERSONS} persons and {MAX_COMPANIES} companies")
     rng = random.Random(stable_hash(f"rag/kb/{seed}/{n_companies}/{people}"))
     taken: set[str] = set()
     companies = _names(rng, n_companies, 2, True, taken)

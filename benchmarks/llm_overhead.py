@@ -1,7 +1,7 @@
 """CPU cost of each LLM method per token against its baseline, same model and settings, alternating in one run.
 
     python benchmarks/llm_overhead.py --model runs/cmp_llm/arith13/models/arith/seed_1/warmup --updates 20 \
-        --rounds 3 --json-out benchmarks/results/llm_overhead.json
+        --rounds 5 --json-out benchmarks/results/llm_overhead.json
 
 Each round trains every method and its baseline (grpo; drgrpo for exgrpo) for ``--updates`` updates on the
 task with the recipe's settings, in this process, in a rotating order; the report is the median over rounds

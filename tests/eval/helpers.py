@@ -1,7 +1,18 @@
 """Synthetic run directories, written the way `reflectrl train` and `reflectrl compare` write them."""
 
+import importlib.util
 import json
 from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def benchmark_script(name: str):
+    """The module of ``benchmarks/NAME.py`` (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def fake_run(d: Path, env_id: str, method: str, seed: int, curve, final: float, total: int = 1000,

@@ -1,21 +1,17 @@
 """benchmarks/llm_claims.py: the unpaired verdicts and the paired reading, on synthetic eval.json files."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "llm_claims.py"
+from .helpers import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def claims():
-    spec = importlib.util.spec_from_file_location("llm_claims", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("llm_claims")
 
 
 def _write(root: Path, method: str, accs: list[float], ece: float) -> None:

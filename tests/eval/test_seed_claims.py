@@ -1,23 +1,17 @@
 """benchmarks/seed_claims.py: its verdict rules and its minimum seed count, on synthetic runs."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from .helpers import fake_run
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "seed_claims.py"
+from .helpers import benchmark_script, fake_run
 
 
 @pytest.fixture(scope="module")
 def claims():
-    spec = importlib.util.spec_from_file_location("seed_claims", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("seed_claims")
 
 
 def test_verdict_rules(claims):

@@ -54,7 +54,6 @@ class TorchSampler:
 
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens, generator, greedy=False, stop_ids=()):
-        from transformers import DynamicCache
 
         pol = self.policy
         dev = pol.device
@@ -62,16 +61,7 @@ class TorchSampler:
         budgets = torch.as_tensor([max_new_tokens] * R if isinstance(max_new_tokens, int) else list(max_new_tokens),
                                   device=dev)
         # the G rows of a group share their prompt: prefill each distinct prompt once, then copy its cache
-        first: dict[tuple[int, ...], int] = {}
-        inverse = torch.as_tensor([first.setdefault(tuple(p), len(first)) for p in prompts], device=dev)
-        ids, mask = left_pad([list(p) for p in first], pol.pad_id)
-        ids, mask = ids.to(dev), mask.long().to(dev)
-        pos = (mask.cumsum(1) - 1).clamp_min(0)
-        cache = DynamicCache(config=pol.config) if _cache_takes_config() else DynamicCache()
-        logits = pol.step_logits(ids, mask, pos, cache)
-        if len(first) < R:
-            cache.batch_select_indices(inverse)
-            logits, mask, pos = logits[inverse], mask[inverse], pos[inverse]
+        logits, mask, pos, cache = pol.prefill_shared(prompts)
         eos = torch.as_tensor(sorted(set(pol.eos_ids) | set(stop_ids)), device=dev)
         toks = torch.full((R, max(int(budgets.max()), 1)), -1, dtype=torch.long, device=dev)
         finished = budgets < 1
@@ -115,14 +105,6 @@ class TorchSampler:
             if t in eos:
                 return seq[:i + 1]
         return seq
-
-
-def _cache_takes_config() -> bool:
-    import inspect
-
-    from transformers import DynamicCache
-
-    return "config" in inspect.signature(DynamicCache.__init__).parameters
 
 
 class HFGenerate:

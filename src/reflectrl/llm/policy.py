@@ -12,7 +12,7 @@ import copy
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -146,13 +146,10 @@ class Policy(nn.Module):
         hid = out.hidden_states[-1][:, P - 1:P + C - 1] if with_hidden else None
         return TokenOutputs(logp, ent, hid, all_logp if with_logprobs else None)
 
-    @torch.no_grad()
-    def shared_prompt_logp(self, prompts: list[list[int]], response_ids: Tensor, response_attention: Tensor,
-                           temperature: float = 1.0, with_logprobs: bool = False) -> tuple[Tensor, Tensor | None]:
-        """No-grad log-probs ``[R, C]`` of each row's response tokens after its prompt, where rows repeat prompts
-        (the G rows of a group): each distinct prompt is run once into a KV cache, which is copied to its rows,
-        then the responses run on it. The same numbers as :meth:`forward_batch` on the concatenated rows, up to
-        float rounding; with ``with_logprobs`` also the full log-distributions ``[R, C, V]``."""
+    def prefill_shared(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, Tensor, Any]:
+        """Prefill a KV cache for ``prompts`` (left-padded), running each distinct prompt once and copying its cache
+        to every row that repeats it (the G rows of a group). Returns per row the last prompt position's logits
+        ``[R, V]`` (they predict the first new token), the prompt mask and positions ``[R, P]`` and the cache."""
         from transformers import DynamicCache
 
         from .batch import left_pad
@@ -162,16 +159,30 @@ class Policy(nn.Module):
         inverse = torch.as_tensor([first.setdefault(tuple(q), len(first)) for q in prompts], device=dev)
         ids, mask = left_pad([list(q) for q in first], self.pad_id)
         ids, mask = ids.to(dev), mask.long().to(dev)
-        cache = DynamicCache(config=self.config) if "config" in inspect.signature(DynamicCache.__init__).parameters \
-            else DynamicCache()
-        head = self.step_logits(ids, mask, (mask.cumsum(1) - 1).clamp_min(0), cache)  # predicts response token 0
-        cache.batch_select_indices(inverse)
+        pos = (mask.cumsum(1) - 1).clamp_min(0)
+        takes_config = "config" in inspect.signature(DynamicCache.__init__).parameters
+        cache = DynamicCache(config=self.config) if takes_config else DynamicCache()
+        logits = self.step_logits(ids, mask, pos, cache)
+        if len(first) < len(prompts):
+            cache.batch_select_indices(inverse)
+            logits, mask, pos = logits[inverse], mask[inverse], pos[inverse]
+        return logits, mask, pos, cache
+
+    @torch.no_grad()
+    def shared_prompt_logp(self, prompts: list[list[int]], response_ids: Tensor, response_attention: Tensor,
+                           temperature: float = 1.0, with_logprobs: bool = False) -> tuple[Tensor, Tensor | None]:
+        """No-grad log-probs ``[R, C]`` of each row's response tokens after its prompt, where rows repeat prompts:
+        the prompts go through :meth:`prefill_shared`, then the responses run on its cache. The same numbers as
+        :meth:`forward_batch` on the concatenated rows, up to float rounding; with ``with_logprobs`` also the full
+        log-distributions ``[R, C, V]``."""
+        dev = self.device
+        head, mask, _, cache = self.prefill_shared(prompts)  # head predicts response token 0
         resp = response_attention.to(dev).long()
-        attn = torch.cat([mask[inverse], resp], 1)
-        pos = mask.sum(1)[inverse][:, None] + (resp.cumsum(1) - 1).clamp_min(0)
+        attn = torch.cat([mask, resp], 1)
+        pos = mask.sum(1)[:, None] + (resp.cumsum(1) - 1).clamp_min(0)
         out = self.model(input_ids=response_ids.to(dev), attention_mask=attn, position_ids=pos, use_cache=True,
                          **{self._cache_kw: cache})
-        logits = torch.cat([head[inverse][:, None], out.logits[:, :-1]], 1).float()
+        logits = torch.cat([head[:, None], out.logits[:, :-1]], 1).float()
         if temperature != 1.0:
             logits = logits / temperature
         all_logp = torch.log_softmax(logits, -1)

@@ -34,6 +34,12 @@ from reflectrl.eval.stats import bootstrap_ci, probability_of_improvement_ci
 
 HIGHER = ("accuracy", "reflection_accuracy", "auroc", "selective_score")
 LOWER = ("ece", "brier", "underconfidence", "overconfidence")
+TASK_LOWER = ("step_ece", "premature_rate")
+"""Lower-is-better metrics that only some tasks' evaluations give (rag: the ECE of confidences stated along an
+episode, the share answered wrong after fewer searches than the question needs); a table row only where a run has one."""
+NEUTRAL = ("tool_calls", "step_reports")
+"""Behaviour with no better direction (searches or queries per episode, confidences stated per episode): means and
+the paired difference only."""
 
 
 def load(out: Path, task: str, method: str) -> dict[int, dict]:
@@ -59,7 +65,7 @@ def compare(m: dict[int, dict], b: dict[int, dict], key: str) -> dict:
     x, y = x[ok], y[ok]
     if len(x) == 0:
         return {"n": 0}
-    better = (x, y) if key in HIGHER else (y, x)  # P(first > second) is P(method better)
+    better = (x, y) if key in HIGHER else (y, x)  # P(first > second) is P(method better); NEUTRAL keys: P unused
     p = probability_of_improvement_ci(*better) if len(x) >= 2 else (float("nan"),) * 3
     kept = [s for s, k in zip(seeds, ok) if k]
     d = x - y
@@ -78,15 +84,17 @@ def paired_verdict(c: dict, key: str, min_seeds: int) -> str:
     _, lo, hi = c["paired_diff"]
     if not math.isfinite(lo):
         return "no CI"
+    if key in NEUTRAL:
+        return "higher" if lo > 0 else "lower" if hi < 0 else "level"
     up, down = (lo > 0, hi < 0) if key in HIGHER else (hi < 0, lo > 0)
     return "better" if up else "worse" if down else "level"
 
 
-def paired_rows(result: dict, methods: list[str], min_seeds: int) -> list[str]:
+def paired_rows(result: dict, methods: list[str], min_seeds: int, keys: tuple[str, ...] = PAIRED_KEYS) -> list[str]:
     """Per metric and method: mean paired difference (method - baseline) [95% bootstrap CI] and its reading."""
     rows = ["", "| paired by seed: method - baseline [95% CI] | " + " | ".join(methods) + " |",
             "|---|" + "---|" * len(methods)]
-    for k in PAIRED_KEYS:
+    for k in keys:
         cells = []
         for m in methods:
             c = result["methods"][m]["metrics"][k]
@@ -96,7 +104,8 @@ def paired_rows(result: dict, methods: list[str], min_seeds: int) -> list[str]:
             d, lo, hi = c["paired_diff"]
             ci = f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else ""
             cells.append(f"{d:+.3f}{ci}: {paired_verdict(c, k, min_seeds)}")
-        rows.append(f"| {k} ({'higher' if k in HIGHER else 'lower'} is better) | " + " | ".join(cells) + " |")
+        reading = "no better direction" if k in NEUTRAL else f"{'higher' if k in HIGHER else 'lower'} is better"
+        rows.append(f"| {k} ({reading}) | " + " | ".join(cells) + " |")
     return rows
 
 
@@ -196,16 +205,20 @@ def main() -> None:
     ap.add_argument("--md-out", type=Path, default=None)
     a = ap.parse_args()
     base = load(a.out, a.task, a.baseline)
-    keys = HIGHER + LOWER
+    runs_of = {m: load(a.out, a.task, m) for m in a.methods}
+    present = lambda k: any(isinstance(e.get(k), (int, float)) for r in (base, *runs_of.values()) for e in r.values())
+    task_keys = tuple(k for k in TASK_LOWER if present(k))
+    keys = HIGHER + LOWER + task_keys
+    neutral = tuple(k for k in NEUTRAL if present(k))
     result = {"task": a.task, "baseline": a.baseline, "out": str(a.out), "seeds_baseline": sorted(base),
               "self_knowledge": {a.baseline: self_knowledge(base, a.min_seeds)}, "methods": {}}
     rows = ["| metric (held-out) | better | " + " | ".join(f"{m} / {a.baseline}, P({m} better) [95% CI]" for m in a.methods)
             + " |", "|---|---|" + "---|" * len(a.methods)]
     cells: dict[str, list[str]] = {k: [] for k in keys}
     for m in a.methods:
-        runs = load(a.out, a.task, m)
-        cmp = {k: compare(runs, base, k) for k in keys}
-        verdicts = {k: verdict(c, a.min_seeds, not_lower=(k == "accuracy")) for k, c in cmp.items()}
+        runs = runs_of[m]
+        cmp = {k: compare(runs, base, k) for k in keys + neutral}
+        verdicts = {k: verdict(cmp[k], a.min_seeds, not_lower=(k == "accuracy")) for k in keys}
         result["methods"][m] = {"seeds": sorted(set(runs) & set(base)), "metrics": cmp, "verdicts": verdicts}
         result["self_knowledge"][m] = self_knowledge(runs, a.min_seeds)
         for k in keys:
@@ -222,10 +235,11 @@ def main() -> None:
             cells.append(f"{e['mean']:.3f} [{e['ci'][0]:.3f}, {e['ci'][1]:.3f}] ({e['verdict']})" if "mean" in e
                          else e["verdict"])
         sk.append(f"| {m} | " + " | ".join(cells) + " |")
-    all_runs = {a.baseline: base, **{m: load(a.out, a.task, m) for m in a.methods}}
+    all_runs = {a.baseline: base, **runs_of}
     dyn = {m: reflection_dynamics(a.out, a.task, m) for m in all_runs}
     result["reflection_dynamics"] = dyn
-    text = "\n".join(rows + paired_rows(result, a.methods, a.min_seeds) + sk + dynamics_rows(all_runs, dyn))
+    paired = paired_rows(result, a.methods, a.min_seeds, PAIRED_KEYS + task_keys + neutral)
+    text = "\n".join(rows + paired + sk + dynamics_rows(all_runs, dyn))
     print(text)
     if a.md_out:
         a.md_out.write_text(text + "\n")

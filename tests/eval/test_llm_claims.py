@@ -46,3 +46,26 @@ def test_pairing_narrows_a_level_verdict(claims, tmp_path, monkeypatch, capsys):
     # lower is better for ECE: a paired CI entirely below 0 is better, entirely above is worse
     assert claims.paired_verdict({"n": 5, "paired_diff": [-0.1, -0.2, -0.05]}, "ece", 3) == "better"
     assert claims.paired_verdict({"n": 5, "paired_diff": [0.1, 0.05, 0.2]}, "ece", 3) == "worse"
+
+
+def test_task_metrics_only_where_present(claims, tmp_path, monkeypatch, capsys):
+    """rag's premature-answer rate (lower is better) gets a verdict row; searches per episode (no better direction)
+    only means and the paired reading; an arith-like run without them gets neither row."""
+    for method, prem, calls in (("grpo", [0.4, 0.5, 0.6], [1.0, 1.2, 1.4]), ("m", [0.2, 0.3, 0.4], [1.5, 1.7, 1.9])):
+        for s, (p, c) in enumerate(zip(prem, calls), 1):
+            d = tmp_path / "runs" / "rag" / method / f"seed_{s}"
+            d.mkdir(parents=True)
+            (d / "eval.json").write_text(json.dumps({"accuracy": 0.3, "premature_rate": p, "tool_calls": c}))
+            (d / "metrics.jsonl").write_text("")
+    out = tmp_path / "c.json"
+    monkeypatch.setattr(sys, "argv", ["llm_claims.py", "--out", str(tmp_path), "--task", "rag", "--methods", "m",
+                                      "--json-out", str(out)])
+    claims.main()
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())["methods"]["m"]
+    assert res["metrics"]["premature_rate"]["paired_diff"][0] == pytest.approx(-0.2)
+    assert "premature_rate" in res["verdicts"] and "tool_calls" not in res["verdicts"]
+    assert claims.paired_verdict(res["metrics"]["premature_rate"], "premature_rate", 3) == "better"
+    assert claims.paired_verdict(res["metrics"]["tool_calls"], "tool_calls", 3) == "higher"
+    assert "| tool_calls (no better direction) | +0.500 [+0.500, +0.500]: higher |" in text
+    assert "step_ece" not in text

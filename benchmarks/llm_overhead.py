@@ -9,7 +9,9 @@ of each method's ratio to its baseline of the same round of **process CPU second
 may be shared: CPU time, not wall time, and ratios within a round). Tokens are the completion tokens of the
 trained batches (``rollout/generated_tokens``, plus the stored rows exgrpo replays, which are trained but not
 generated), so a reflection turn's tokens count as tokens, as the bars ask. exgrpo runs with
-``--exgrpo-start-rate 0`` so that its replay is on for the whole measurement.
+``--exgrpo-start-rate 0`` so that its replay is on for the whole measurement. ``rlcr`` asks for its confidence in a
+turn of its own; ``rlcr-inline`` is rlcr ``--self-report inline`` (the confidence at the end of the answer: measure it
+on a model warmed up with ``--self-report inline``, whose answers carry the tag).
 """
 
 from __future__ import annotations
@@ -26,15 +28,21 @@ from reflectrl.algos import get_algo
 from reflectrl.llm.recipes import recipe
 from reflectrl.runlog import read_metrics
 
-METHODS = {  # method: (baseline, bar, extra options)
+METHODS = {  # label: (baseline, bar, extra options); the label is the algo, or ALGO-VARIANT for a variant
     "refgrpo": ("grpo", 1.05, {}),
     "rlcr": ("grpo", 1.05, {}),
+    "rlcr-inline": ("grpo", 1.05, {"self_report": "inline"}),
     "refgrpo-seed": ("grpo", 1.10, {}),
     "gear-seed": ("grpo", 1.10, {}),
     "gear": ("grpo", 1.35, {}),
     "exgrpo": ("drgrpo", 1.10, {"exgrpo_start_rate": 0.0}),
     "exgrpo-seed": ("grpo", 1.10, {}),
 }
+VARIANTS = {"rlcr-inline": "rlcr"}
+
+
+def algo_of(label: str) -> str:
+    return VARIANTS.get(label, label)
 
 
 def flags_to_options(flags: tuple[str, ...]) -> dict:
@@ -79,7 +87,7 @@ def main() -> None:
         res = {}
         for algo in order:
             extra = METHODS[algo][2] if algo in METHODS else {}
-            res[algo] = run(algo, a.model, a.task, a.updates, r + 1, extra)
+            res[algo] = run(algo_of(algo), a.model, a.task, a.updates, r + 1, extra)
             print(f"round {r + 1} {algo}: {res[algo]['cpu_s']:.1f} CPU-s, {res[algo]['tokens']:.0f} tokens",
                   file=sys.stderr, flush=True)
         rows.append(res)

@@ -173,12 +173,14 @@ def test_split_credit_in_a_refgrpo_run(tiny_dir, tmp_path):
         torch.testing.assert_close(adv[turn == 0], want_answer[r].expand(int((turn == 0).sum())))
 
 
-@pytest.mark.parametrize("algo", ["refgrpo", "rlcr", "refgrpo-seed"])
+@pytest.mark.parametrize("algo", ["refgrpo", "rlcr", "rlcr-inline", "refgrpo-seed"])
 def test_llm_self_assessment_resume_equals_uninterrupted(tiny_dir, tmp_path, algo):
+    form = {"rlcr-inline": {"self_report": "inline"}}.get(algo, {})
+    algo = algo.removesuffix("-inline")
     a = get_algo("llm", algo)
 
     def cfg(name, updates=4):
-        extra = {"reflection_sample": 1.0} if algo == "refgrpo-seed" else {}
+        extra = {"reflection_sample": 1.0} if algo == "refgrpo-seed" else dict(form)
         return a.config(task="toy-add", model=str(tiny_dir), run_dir=str(tmp_path / name), updates=updates,
                         prompts_per_update=3, group_size=4, max_new_tokens=9, learning_rate=3e-3, progress=False,
                         tensorboard=False, save_interval=2, sample_interval=0, reward_workers=0, gen_batch=6,

@@ -128,9 +128,10 @@ def cmd_eval(argv: list[str]) -> int:
     ap.add_argument("--confidence", type=float, default=0.95, help="confidence level of the interval")
     ap.add_argument("--seed", type=int, default=0, help="seed of the samples")
     ap.add_argument("--device", default="cpu", help="torch device")
-    ap.add_argument("--self-report", choices=("reflect", "confidence", "both"), default=None,
+    ap.add_argument("--self-report", choices=("reflect", "confidence", "both", "inline"), default=None,
                     help="after each episode ask for a reflection (solved/unsolved) and/or a confidence in [0, 1], "
-                         "and add their calibration (reflection accuracy, under/overconfidence, ECE, Brier, AUROC)")
+                         "or (inline) read the confidence the answer itself states, and add their calibration "
+                         "(reflection accuracy, under/overconfidence, ECE, Brier, AUROC)")
     ap.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                     help="task option (default: the run's options); repeatable")
     ap.add_argument("--json", action="store_true", help="print one JSON object (accuracy, n, ci, ...)")

@@ -55,7 +55,8 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     ``self_report`` (``reflect``, ``confidence`` or ``both``) asks after each episode for a reflection and / or
     a confidence (:mod:`reflectrl.tasks.selfreport`, whatever the model was trained with) and adds their
     calibration (:func:`reflectrl.eval.calibration.self_report_metrics`) and the per-rollout reports
-    (``reports``: correct, reflection, confidence; null where missing)."""
+    (``reports``: correct, reflection, confidence; null where missing). ``inline`` asks nothing and reads the
+    confidence the final answer itself states (``<confidence>q</confidence>``: rlcr's inline form)."""
     if self_report == "both":
         out = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
                               max_response_tokens, limit, gen_batch, seed, confidence, engine, "reflect")
@@ -65,9 +66,9 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
         out.update({k: v for k, v in conf.items() if k not in out})
         out["self_report"] = "both"
         return out
-    if self_report not in (None, "off", "reflect", "confidence"):
-        raise ConfigError(f"--self-report must be reflect, confidence or both, got {self_report!r}")
-    if self_report not in (None, "off"):
+    if self_report not in (None, "off", "reflect", "confidence", "inline"):
+        raise ConfigError(f"--self-report must be reflect, confidence, both or inline, got {self_report!r}")
+    if self_report not in (None, "off", "inline"):
         from ..tasks.selfreport import with_self_report
 
         base_multi = bool(getattr(task, "multi_turn", False))
@@ -155,11 +156,11 @@ def _report_metrics(kind: str, correct: np.ndarray, finals: list[dict[str, Any]]
     """The calibration of one kind of self-report, and the per-rollout reports behind it."""
     from ..eval.calibration import self_report_metrics
 
-    key = "reflection" if kind == "reflect" else "confidence"
+    key = "reflection" if kind == "reflect" else "confidence"  # inline: the answer's stated confidence
     values = [f.get(key) for f in finals]
     arr = np.array([np.nan if v is None else float(v) for v in values])
     m = self_report_metrics(correct.astype(float), arr if kind == "reflect" else None,
-                            arr if kind == "confidence" else None)
+                            arr if kind in ("confidence", "inline") else None)
     m.pop("accuracy", None)
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
     return {**clean, "self_report": kind,
@@ -214,7 +215,7 @@ def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "he
     for key in ("max_new_tokens", "max_turns", "max_response_tokens"):
         if kwargs.get(key) is None and same_task and run_cfg.get(key) is not None:
             kwargs[key] = run_cfg[key]
-    if same_task and run_cfg.get("self_report", "off") != "off" and kwargs.get("max_turns"):
+    if same_task and run_cfg.get("self_report", "off") not in ("off", "inline") and kwargs.get("max_turns"):
         kwargs["max_turns"] -= 1  # the run's count includes its self-report turn; the task's own turns
         kwargs.pop("max_response_tokens", None)
     if kwargs.get("max_new_tokens") is None:

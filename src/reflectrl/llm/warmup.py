@@ -57,7 +57,9 @@ class WarmupConfig:
     """Token limit of the greedy check's completions (default: the task's, else 32)."""
     self_report: str = "off"
     """End each demonstration with a self-report turn: off, reflect, confidence, or both (one of them per
-    episode), so that any method or evaluation can ask the model for one (docs/llm.md)."""
+    episode), so that any method or evaluation can ask the model for one (docs/llm.md); or inline: the final
+    answer itself ends with ``<confidence>q</confidence>`` (rlcr ``--self-report inline``); or all (reflect,
+    confidence or inline per episode)."""
     self_report_negatives: float = 0.3
     """With self_report: share of the demonstrations that show a wrong answer (context only, not trained on)
     followed by "unsolved" or a low confidence."""
@@ -82,13 +84,15 @@ class WarmupConfig:
             raise ConfigError(f"stop_at_accuracy must be in (0, 1], got {self.stop_at_accuracy}")
         if self.eval_every < 1 or self.eval_problems < 1:
             raise ConfigError("eval_every and eval_problems must be >= 1")
-        if self.self_report not in ("off", "reflect", "confidence", "both"):
-            raise ConfigError(f"self_report must be off, reflect, confidence or both, got {self.self_report!r}")
+        if self.self_report not in SELF_REPORTS:
+            raise ConfigError(f"self_report must be one of {', '.join(SELF_REPORTS)}, got {self.self_report!r}")
         shares = (0 <= self.self_report_negatives < 1, 0 <= self.multi_turn_share <= 1, 0 <= self.teacher_share < 1)
         if not all(shares):
             raise ConfigError("self_report_negatives and teacher_share must be in [0, 1), multi_turn_share in [0, 1]")
 
 
+SELF_REPORTS = ("off", "reflect", "confidence", "both", "inline", "all")
+MIXES = {"both": ("reflect", "confidence"), "all": ("reflect", "confidence", "inline")}
 REPORTS = {"reflect": ("solved", "unsolved"),
            "confidence": (("0.6", "0.7", "0.8", "0.9"), ("0.1", "0.2", "0.3", "0.4"))}
 
@@ -105,12 +109,14 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
 
     ``multi_turn_share`` of the episodes of a task with ``demonstration_turns`` play those turns (run a
     query, read its result, answer); the others are the one-turn ``demonstration``. With ``self_report``
-    (``reflect``, ``confidence`` or ``both``: one of them per episode) each episode ends with the question
+    (``reflect``, ``confidence``, or ``both`` / ``all``: one of them per episode) each episode ends with the question
     of :mod:`reflectrl.tasks.selfreport` and its answer: ``solved`` or a high confidence after the
     reference answer; and ``negatives`` of the episodes put a wrong answer (another problem's, checked to
     score 0) in the context, not in the loss, followed by ``unsolved`` or a low confidence, so that both
-    reports are in the model's vocabulary before RL. ``teacher_share`` of the episodes start from the task's
-    teacher prompt (the reference answer in context), so that the policy can serve as its own teacher (gear)."""
+    reports are in the model's vocabulary before RL. ``inline`` asks nothing: the final answer turn itself ends
+    with ``<confidence>q</confidence>`` (high after the reference answer, low after a wrong one).
+    ``teacher_share`` of the episodes start from the task's teacher prompt (the reference answer in context), so
+    that the policy can serve as its own teacher (gear)."""
     from ..tasks.base import teacher_prompt
     from ..tasks.selfreport import QUESTIONS
 
@@ -129,7 +135,7 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
             if demo.startswith(p.prompt):  # a task may return the whole text; train on the completion part
                 demo = demo[len(p.prompt):]
             turns = [(demo, "")]
-        kind = self_report if self_report != "both" else pick(("reflect", "confidence"))
+        kind = pick(MIXES[self_report]) if self_report in MIXES else self_report
         negative = False
         if kind != "off" and negatives > 0 and len(problems) > 1 and rand() < negatives:
             other = problems[(i + 1 + int(torch.randint(len(problems) - 1, (), generator=g))) % len(problems)]
@@ -139,11 +145,14 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
         segs = []
         for t, (turn, reply) in enumerate(turns):
             last = t == len(turns) - 1
-            ids = _tokens(tok, turn) + (eos if last else [])
+            ids = _tokens(tok, turn) + (eos if last and kind != "inline" else [])
             segs.append(Segment(ids, "env" if negative else "policy", t))
             if reply and not last:
                 segs.append(Segment(_tokens(tok, reply), "env", t))
-        if kind != "off":
+        if kind == "inline":
+            q = pick(REPORTS["confidence"][1 if negative else 0])
+            segs.append(Segment(_tokens(tok, f"<confidence>{q}</confidence>") + eos, "policy", len(turns) - 1))
+        elif kind != "off":
             pos, neg = REPORTS[kind]
             answer = (neg if negative else pos) if kind == "reflect" else pick(neg if negative else pos)
             segs.append(Segment(_tokens(tok, QUESTIONS[kind]), "env", len(turns) - 1))

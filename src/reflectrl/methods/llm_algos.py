@@ -41,11 +41,16 @@ class RefGRPOConfig(RefGRPOOptions, GRPOConfig):
 
 @dataclass
 class RLCRConfig(RLCROptions, GRPOConfig):
-    """rlcr: GRPO with the Brier calibration reward (arXiv 2507.16806); the environment asks for a confidence."""
+    """rlcr: GRPO with the Brier calibration reward (arXiv 2507.16806); the environment asks for a confidence
+    (``--self-report confidence``), or the answer states it itself (``--self-report inline``, the paper's form)."""
 
     def validate(self) -> None:
         GRPOConfig.validate(self)
-        check_all(self.validate_rlcr() + [(self.self_report == "confidence", "rlcr needs --self-report confidence")])
+        check_all(self.validate_rlcr() + [
+            (self.self_report in ("confidence", "inline"), "rlcr needs --self-report confidence or inline"),
+            (self.rlcr_credit != "split" or self.self_report == "confidence",
+             "--rlcr-credit split needs the confidence turn (--self-report confidence): an inline confidence shares "
+             "its turn with the answer")])
 
 
 @dataclass

@@ -1,6 +1,10 @@
 """rlcr: a calibration reward (arXiv 2507.16806, RLCR).
 
-The agent answers, then states a confidence q in [0, 1] (:mod:`reflectrl.tasks.selfreport`); the reward
+The agent answers, then states a confidence q in [0, 1]: in a turn the environment asks for
+(``--self-report confidence``, the default: any model reflectrl warms up can answer it;
+:mod:`reflectrl.tasks.selfreport`) or at the end of the answer itself, ``<confidence>q</confidence>``
+(``--self-report inline``, the paper's form: no extra turn; the model must have learnt to write the tag, as
+``reflectrl llm warmup --self-report inline`` teaches it). The reward
 becomes ``R = 1[correct] - (q - 1[correct])^2``, the accuracy reward plus a Brier score, a proper scoring
 rule, so that the best policy is both right and calibrated. A completion without a valid confidence gets
 :data:`~reflectrl.methods.rewards.RLCR_FORMAT_PENALTY` (the RLCR release's format rule, on this scale).

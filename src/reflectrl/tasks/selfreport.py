@@ -110,7 +110,8 @@ class SelfReportTask:
 
 
 def with_self_report(task: Any, kind: str | None) -> Any:
-    """``task`` with a self-report turn of ``kind`` after each episode (``None`` / ``off``: the task itself)."""
-    if kind in (None, "off"):
+    """``task`` with a self-report turn of ``kind`` after each episode (``None`` / ``off`` / ``inline``: the task
+    itself; ``inline`` reports are the answer's own tags, which every task parses into its step ``info``)."""
+    if kind in (None, "off", "inline"):
         return task
     return SelfReportTask(task, kind)

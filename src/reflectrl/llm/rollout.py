@@ -146,6 +146,8 @@ class Rollout:
         # single-turn scores are pure functions of (problem, completion): remember recent ones (LRU)
         self.reward_cache_size = reward_cache
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        # environment replies repeat (a self-report question, "no results", an error line): encode each once
+        self._feedback_ids: dict[str, tuple[int, ...]] = {}
 
     def close(self) -> None:
         if self.pool is not None:
@@ -265,7 +267,7 @@ class Rollout:
                 row.done = True
                 row.truncated = hit_limit or not done
                 continue
-            fb = list(self.encode_feedback(feedback)) if feedback else []
+            fb = self._encode_feedback(feedback) if feedback else []
             if fb and row.used + len(fb) >= self.max_response_tokens:
                 row.done = row.truncated = True
                 continue
@@ -273,6 +275,16 @@ class Rollout:
                 row.segments.append(Segment(fb, "env", turn))
                 row.used += len(fb)
                 row.transcript.append(("env", feedback))
+
+    def _encode_feedback(self, text: str) -> list[int]:
+        """``encode_feedback(text)``, remembered: a reply is encoded on its own, so its ids never depend on the
+        context (the memo is cleared past 65536 texts)."""
+        ids = self._feedback_ids.get(text)
+        if ids is None:
+            if len(self._feedback_ids) >= 65536:
+                self._feedback_ids.clear()
+            ids = self._feedback_ids[text] = tuple(self.encode_feedback(text))
+        return list(ids)
 
     def _score_chunk(self, pairs: list[tuple[_Row, str]], stats: RolloutStats) -> list[Future]:
         """One future per completion of a chunk: per completion through the env, or, for a task with

@@ -49,9 +49,9 @@ def scripted():
 
 
 def _cfg(a, tiny_dir, tmp_path, **kw):
-    kw = {"self_report": "inline", **kw}
+    kw = {"self_report": "inline", "max_new_tokens": 40, **kw}
     return a.config(task="arith", model=str(tiny_dir), run_dir=str(tmp_path / "r"), updates=1, prompts_per_update=6,
-                    group_size=2, max_new_tokens=40, progress=False, tensorboard=False, reward_workers=0, **kw)
+                    group_size=2, progress=False, tensorboard=False, reward_workers=0, **kw)
 
 
 def test_inline_confidence_sets_the_reward_without_a_turn(tiny_dir, tmp_path, scripted):
@@ -129,3 +129,17 @@ def test_warmup_all_mixes_the_three_reports(tiny_policy):
                 else "inline" if env == "" and "<confidence>" in policy else "?")
         seen.add(kind)
     assert seen == {"reflect", "confidence", "inline"}
+
+
+def test_inline_budget_has_room_for_the_tag(tiny_dir, tmp_path):
+    """arith's default budget (10 tokens) fits an answer, not an answer and its tag: inline adds room for it, an
+    explicit --max-new-tokens is kept."""
+    from reflectrl.tasks.selfreport import INLINE_TOKENS
+
+    a = get_algo("llm", "rlcr")
+    task = ArithTask()
+    tag = "-123<confidence>0.75</confidence>"
+    assert len(tag) > task.max_new_tokens and len(tag) < task.max_new_tokens + INLINE_TOKENS
+    assert _cfg(a, tiny_dir, tmp_path, max_new_tokens=None).resolved(task).max_new_tokens == task.max_new_tokens + INLINE_TOKENS
+    assert _cfg(a, tiny_dir, tmp_path, max_new_tokens=12).resolved(task).max_new_tokens == 12
+    assert _cfg(a, tiny_dir, tmp_path, max_new_tokens=None, self_report="confidence").resolved(task).max_new_tokens == 10

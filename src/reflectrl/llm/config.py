@@ -171,11 +171,14 @@ class GRPOConfig(RunOptions):
     def resolved(self, task: Any) -> "GRPOConfig":
         """A copy with the turn and token budgets filled in from the task: turns default to 1 for a
         single-turn task and to the task's ``max_turns`` (else 6) for a multi-turn one; a completion's
-        budget to the task's ``max_new_tokens`` (else 32); the whole response's to completion budget x
-        turns (x 2 for multi-turn feedback)."""
+        budget to the task's ``max_new_tokens`` (else 32), plus room for the tag with ``self_report`` inline;
+        the whole response's to completion budget x turns (x 2 for multi-turn feedback)."""
+        from ..tasks.selfreport import INLINE_TOKENS
+
         multi = bool(getattr(task, "multi_turn", False))
         turns = self.max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
-        per_turn = self.max_new_tokens or int(getattr(task, "max_new_tokens", 32))
+        per_turn = self.max_new_tokens or (int(getattr(task, "max_new_tokens", 32))
+                                           + (INLINE_TOKENS if self.self_report == "inline" else 0))
         budget = self.max_response_tokens or (per_turn * turns * (2 if multi else 1))
         return dataclasses.replace(self, max_turns=turns, max_new_tokens=per_turn, max_response_tokens=budget,
                                    norm_len=self.norm_len or budget)

@@ -18,6 +18,9 @@ from typing import Any
 from .base import Problem, SingleTurnEnv, parse_confidence, parse_reflection
 
 KINDS = ("reflect", "confidence")
+INLINE_TOKENS = 32
+"""Tokens added to a task's default completion budget when the answer itself carries its report
+(``--self-report inline``): room for ``<confidence>0.75</confidence>`` with a character-level tokenizer."""
 QUESTIONS = {"reflect": "\nsolved or unsolved?\n", "confidence": "\nconfidence (0-1)?\n"}
 _WORD = re.compile(r"\s*([A-Za-z]{1,16})")
 _NUMBER = re.compile(r"\s*([0-9](?:\.[0-9]{1,6})?)")

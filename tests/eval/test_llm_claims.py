@@ -14,12 +14,17 @@ def claims():
     return benchmark_script("llm_claims")
 
 
-def _write(root: Path, method: str, accs: list[float], ece: float) -> None:
-    for s, acc in enumerate(accs, 1):
-        d = root / "runs" / "arith" / method / f"seed_{s}"
+def _write_evals(root: Path, task: str, method: str, evals: list[dict]) -> None:
+    """One finished run per seed (1, 2, ...) of ``method`` with the given eval.json contents."""
+    for s, ev in enumerate(evals, 1):
+        d = root / "runs" / task / method / f"seed_{s}"
         d.mkdir(parents=True)
-        (d / "eval.json").write_text(json.dumps({"accuracy": acc, "ece": ece, "auroc": 0.5, "coverage": 1.0}))
+        (d / "eval.json").write_text(json.dumps(ev))
         (d / "metrics.jsonl").write_text("")
+
+
+def _write(root: Path, method: str, accs: list[float], ece: float) -> None:
+    _write_evals(root, "arith", method, [{"accuracy": a, "ece": ece, "auroc": 0.5, "coverage": 1.0} for a in accs])
 
 
 def test_pairing_narrows_a_level_verdict(claims, tmp_path, monkeypatch, capsys):
@@ -52,11 +57,8 @@ def test_task_metrics_only_where_present(claims, tmp_path, monkeypatch, capsys):
     """rag's premature-answer rate (lower is better) gets a verdict row; searches per episode (no better direction)
     only means and the paired reading; an arith-like run without them gets neither row."""
     for method, prem, calls in (("grpo", [0.4, 0.5, 0.6], [1.0, 1.2, 1.4]), ("m", [0.2, 0.3, 0.4], [1.5, 1.7, 1.9])):
-        for s, (p, c) in enumerate(zip(prem, calls), 1):
-            d = tmp_path / "runs" / "rag" / method / f"seed_{s}"
-            d.mkdir(parents=True)
-            (d / "eval.json").write_text(json.dumps({"accuracy": 0.3, "premature_rate": p, "tool_calls": c}))
-            (d / "metrics.jsonl").write_text("")
+        _write_evals(tmp_path, "rag", method,
+                     [{"accuracy": 0.3, "premature_rate": p, "tool_calls": c} for p, c in zip(prem, calls)])
     out = tmp_path / "c.json"
     monkeypatch.setattr(sys, "argv", ["llm_claims.py", "--out", str(tmp_path), "--task", "rag", "--methods", "m",
                                       "--json-out", str(out)])

@@ -173,12 +173,11 @@ class GRPOConfig(RunOptions):
         single-turn task and to the task's ``max_turns`` (else 6) for a multi-turn one; a completion's
         budget to the task's ``max_new_tokens`` (else 32), plus room for the tag with ``self_report`` inline;
         the whole response's to completion budget x turns (x 2 for multi-turn feedback)."""
-        from ..tasks.selfreport import INLINE_TOKENS
+        from ..tasks.selfreport import default_new_tokens
 
         multi = bool(getattr(task, "multi_turn", False))
         turns = self.max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
-        per_turn = self.max_new_tokens or (int(getattr(task, "max_new_tokens", 32))
-                                           + (INLINE_TOKENS if self.self_report == "inline" else 0))
+        per_turn = self.max_new_tokens or default_new_tokens(task, self.self_report)
         budget = self.max_response_tokens or (per_turn * turns * (2 if multi else 1))
         return dataclasses.replace(self, max_turns=turns, max_new_tokens=per_turn, max_response_tokens=budget,
                                    norm_len=self.norm_len or budget)

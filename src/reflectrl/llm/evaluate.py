@@ -219,9 +219,8 @@ def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "he
         kwargs["max_turns"] -= 1  # the run's count includes its self-report turn; the task's own turns
         kwargs.pop("max_response_tokens", None)
     if kwargs.get("max_new_tokens") is None:
-        from ..tasks.selfreport import INLINE_TOKENS
+        from ..tasks.selfreport import default_new_tokens
 
-        extra = INLINE_TOKENS if kwargs.get("self_report") == "inline" else 0
-        kwargs["max_new_tokens"] = int(getattr(t, "max_new_tokens", 64)) + extra
+        kwargs["max_new_tokens"] = default_new_tokens(t, kwargs.get("self_report"), fallback=64)
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     return evaluate_policy(policy, t, split, samples, **kwargs)

@@ -180,10 +180,9 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     policy = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     rows = demonstration_rows(policy, task, problems, cfg.self_report, cfg.self_report_negatives,
                               cfg.multi_turn_share, torch.Generator().manual_seed(cfg.seed + 1), cfg.teacher_share)
-    from ..tasks.selfreport import INLINE_TOKENS
+    from ..tasks.selfreport import default_new_tokens
 
-    inline = cfg.self_report in ("inline", "all")  # some greedy answers end with the tag: room for it
-    max_new = cfg.max_new_tokens or int(getattr(task, "max_new_tokens", 32)) + (INLINE_TOKENS if inline else 0)
+    max_new = cfg.max_new_tokens or default_new_tokens(task, cfg.self_report)  # inline / all: room for the tag
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []

@@ -21,6 +21,12 @@ KINDS = ("reflect", "confidence")
 INLINE_TOKENS = 32
 """Tokens added to a task's default completion budget when the answer itself carries its report
 (``--self-report inline``): room for ``<confidence>0.75</confidence>`` with a character-level tokenizer."""
+
+
+def default_new_tokens(task: Any, self_report: str | None, fallback: int = 32) -> int:
+    """A completion's default token budget: the task's ``max_new_tokens`` (else ``fallback``), plus
+    :data:`INLINE_TOKENS` when answers may end with an inline report (``inline``; the warm-up's ``all``)."""
+    return int(getattr(task, "max_new_tokens", fallback)) + (INLINE_TOKENS if self_report in ("inline", "all") else 0)
 QUESTIONS = {"reflect": "\nsolved or unsolved?\n", "confidence": "\nconfidence (0-1)?\n"}
 _WORD = re.compile(r"\s*([A-Za-z]{1,16})")
 _NUMBER = re.compile(r"\s*([0-9](?:\.[0-9]{1,6})?)")

@@ -83,6 +83,9 @@ def main() -> None:
     ap.add_argument("--eval-limit", type=int, default=None, help="held-out problems to evaluate (default all)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each phase")
     ap.add_argument("--keep", action="store_true", help="reuse OUT/tiny and OUT/warmup if present")
+    ap.add_argument("--train-extra", default="",
+                    help="flags appended to the recipe's training flags (a later flag wins), written with '=': "
+                         "--train-extra='--group-size 16'")
     a = ap.parse_args()
     p = preset(a.task)
     out = Path(a.out)
@@ -91,6 +94,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "stderr.log"
     n_tok = str(p["max_new_tokens"])
+    train_args = [*p["train"], *a.train_extra.split()]
     limit = ["--limit", str(a.eval_limit)] if a.eval_limit else []
     target = a.warmup_target if a.warmup_target is not None else p["warmup_target"]
     if not (out / "warmup" / "config.json").exists():
@@ -108,7 +112,7 @@ def main() -> None:
     if (out / "grpo").exists():
         shutil.rmtree(out / "grpo")
     train = last_json(run(["llm", "train", "--algo", "grpo", "--task", a.task, "--model", str(out / "warmup"),
-                           "--run-dir", str(out / "grpo"), *p["train"], "--max-new-tokens", n_tok,
+                           "--run-dir", str(out / "grpo"), *train_args, "--max-new-tokens", n_tok,
                            "--updates", "100000", budget_flag, str(a.rl_seconds), "--save-interval", "0",
                            "--seed", str(a.seed), "--threads", str(a.threads), "--no-progress"], log))
     after = last_json(run(["llm", "eval", str(out / "grpo"), "--task", a.task, "--json", *limit], log))
@@ -121,7 +125,7 @@ def main() -> None:
         "budget_seconds": a.rl_seconds, "warmup_seconds": round(warm["wall_s"], 1),
         "warmup_steps": warm["steps"], "updates": train["updates"], "n_heldout": after["n"],
         "before_ci": [round(x, 4) for x in before["ci"]], "after_ci": [round(x, 4) for x in after["ci"]],
-        "tiny": " ".join(p["tiny"]), "train_args": " ".join(p["train"]), "max_new_tokens": p["max_new_tokens"],
+        "tiny": " ".join(p["tiny"]), "train_args": " ".join(train_args), "max_new_tokens": p["max_new_tokens"],
         "warmup_target": target, "threads": a.threads,
         "reward_wait_fraction": round(wait / iters, 4) if iters > 0 else None,
     }

@@ -91,8 +91,9 @@ def _register_llm() -> None:
                        "Dr.GRPO: mean-centred advantages, no length normalization (seq-mean-token-sum-norm)",
                        {"adv_estimator": "drgrpo", "loss_agg_mode": "seq-mean-token-sum-norm"}))
     register_algo(Algo("dapo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
-                       "DAPO-style: clip-higher 0.28, token-mean loss, zero-variance groups filtered",
-                       {"clip_high": 0.28, "loss_agg_mode": "token-mean", "filter_zero_std": True}))
+                       "DAPO-style: clip-higher 0.28, token-mean loss, zero-variance groups filtered and refilled",
+                       {"clip_high": 0.28, "loss_agg_mode": "token-mean", "filter_zero_std": True,
+                        "max_gen_batches": 10}))
     register_algo(Algo("refgrpo", "llm", RefGRPOConfig, lambda cfg: GRPO(cfg, methods=refgrpo_llm_methods(cfg)),
                        "GRPOplus + reflection-agreement bonus c * 1[reflection == outcome] (arXiv 2606.14211)",
                        REFGRPO_DEFAULTS))

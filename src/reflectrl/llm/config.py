@@ -95,6 +95,10 @@ class GRPOConfig(RunOptions):
     """Clip range of the critic's value loss around its old values (None: unclipped)."""
     filter_zero_std: bool = False
     """Leave groups whose rewards are all equal out of the update (DAPO's dynamic-sampling filter)."""
+    max_gen_batches: int = 1
+    """With --filter-zero-std: sample up to this many batches of prompts_per_update new problems per update
+    until prompts_per_update groups with unequal rewards are kept (DAPO's dynamic sampling; the surplus is
+    dropped); 0: no limit. 1 samples once and trains on what is kept."""
     ppo_epochs: int = 1
     """Passes over each rollout batch (mu); > 1 computes old log-probs in a separate pass."""
     minibatches: int = 1
@@ -224,6 +228,9 @@ class GRPOConfig(RunOptions):
             (self.norm_len is None or self.norm_len >= 1, "norm_len must be >= 1"),
             (self.sandbox_batch >= 1, f"sandbox_batch must be >= 1, got {self.sandbox_batch}"),
             (self.lora_r >= 0, f"lora_r must be >= 0, got {self.lora_r}"),
+            (self.max_gen_batches >= 0, f"max_gen_batches must be >= 0 (0: no limit), got {self.max_gen_batches}"),
+            (self.max_gen_batches == 1 or self.filter_zero_std,
+             "max_gen_batches refills the groups --filter-zero-std leaves out: give --filter-zero-std too"),
             (self.tis_cap is None or self.tis_cap >= 1,
              f"tis_cap must be >= 1 (the cap of the importance weight), or None to turn it off; got {self.tis_cap}"),
         ]

@@ -33,7 +33,7 @@ from .config import SAMPLES, GRPOConfig
 from .distributed import from_env, rank_seed, shard
 from .engines import check_engine, make_engine
 from .policy import load_policy
-from .rollout import Rollout
+from .rollout import Rollout, RolloutStats
 from .update import VALUE_HEAD, PolicyUpdate
 
 
@@ -99,6 +99,9 @@ class GRPO(PolicyUpdate, Trainer):
         self.hooks: list[Any] = list(hooks or [])
         self.methods: list[MethodRunner] = [] if callable(methods) else list(methods or [])
         self.needs: set[str] = set().union(*(set(h.needs) for h in self.hooks))
+        if cfg.max_gen_batches != 1 and any(h.changes_batch for h in self.hooks):
+            raise ConfigError(f"--max-gen-batches refills a batch, but --algo {cfg.algo} composes its own batches "
+                              "(replayed rows); leave --max-gen-batches at 1")
         if methods:
             self.needs.add("hidden")
         self.critic = "values" in adv_est_requires(cfg.adv_estimator)
@@ -237,12 +240,17 @@ class GRPO(PolicyUpdate, Trainer):
         pending = self.rollout.start(problems, group, gen, index_offset=offset)
         t_gen = time.perf_counter()
         # The no-grad pass needs only the tokens: run it while the last chunk's rewards are computed,
-        # unless a hook may change the batch after the rollout (it sees the rewards first).
-        early = not pending.finished and not any(h.changes_batch for h in self.hooks)
+        # unless a hook may change the batch after the rollout (it sees the rewards first) or the batch
+        # may be refilled.
+        refill = cfg.max_gen_batches != 1
+        early = not pending.finished and not any(h.changes_batch for h in self.hooks) and not refill
         if early:
             self.prepare(pending.tokens())
         t_prep = time.perf_counter()
         batch, rstats = pending.finish()
+        gen_rounds = 1
+        if refill:
+            batch, rstats, gen_rounds = self.refill(batch, rstats, group, gen, offset)
         t_wait = time.perf_counter()
         self.global_step += int(self.dist.sum_floats([batch.rows])[0])  # every process's rows
         for h in self.hooks:
@@ -264,6 +272,9 @@ class GRPO(PolicyUpdate, Trainer):
         train = batch
         if cfg.filter_zero_std:
             keep = (~_zero_std_rows(batch)).nonzero().squeeze(1)
+            if refill:  # the first prompts_per_update informative groups (each rank: its share of them)
+                keep = keep[torch.isin(batch.index[keep], batch.index[keep].unique()[:self._kept_quota()])]
+                rec["groups/gen_batches"] = gen_rounds
             train = batch.select(keep) if keep.numel() else None
             rec["groups/kept_rows"] = int(keep.numel())
         losses = self.update(train) if train is not None or self.dist.active else {"losses/optimizer_steps": 0}
@@ -281,6 +292,40 @@ class GRPO(PolicyUpdate, Trainer):
             rec.update(m.metrics())
         self.last_batch = batch
         return self.dist.combine_record(rec, batch.rows)
+
+    def _kept_quota(self) -> int:
+        """Informative groups an update keeps on this process (its shard of prompts_per_update)."""
+        if not self.dist.active:
+            return self.cfg.prompts_per_update
+        lo, hi = shard(self.cfg.prompts_per_update, self.dist.rank, self.dist.world)
+        return hi - lo
+
+    def refill(self, batch: TokenBatch, rstats: RolloutStats, group: int, gen: torch.Generator,
+               offset: int) -> tuple[TokenBatch, RolloutStats, int]:
+        """DAPO's dynamic sampling: roll out further batches of new problems until the update holds
+        ``prompts_per_update`` groups whose rewards differ (counted over every process, so all of them
+        draw the same problems), or ``max_gen_batches`` batches were sampled; returns the concatenated
+        batch, the summed rollout statistics and the number of batches."""
+        cfg, P = self.cfg, self.cfg.prompts_per_update
+
+        def informative(b: TokenBatch) -> int:
+            return int(b.index[~_zero_std_rows(b)].unique().numel())
+
+        batches, kept, rounds = [batch], self.dist.sum_floats([informative(batch)])[0], 1
+        while kept < P and (cfg.max_gen_batches == 0 or rounds < cfg.max_gen_batches):
+            problems = self.next_problems(P)
+            off = offset + rounds * P  # group ids stay distinct within the update
+            if self.dist.active:
+                lo, hi = shard(len(problems), self.dist.rank, self.dist.world)
+                problems, off = problems[lo:hi], off + lo
+            more, st = self.rollout.start(problems, group, gen, index_offset=off).finish()
+            for k in ("generate_s", "env_s", "env_wait_s", "generated_tokens", "cache_hits"):
+                setattr(rstats, k, getattr(rstats, k) + getattr(st, k))
+            rstats.new_steps |= st.new_steps
+            batches.append(more)
+            kept += self.dist.sum_floats([informative(more)])[0]
+            rounds += 1
+        return TokenBatch.cat(batches, self.policy.pad_id), rstats, rounds
 
     @staticmethod
     def reward_metrics(batch: TokenBatch) -> dict[str, float]:

@@ -83,6 +83,9 @@ class GRPOConfig(RunOptions):
     """Per-token KL estimator."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient."""
+    report_entropy_coef: float = 0.0
+    """Entropy bonus on the tokens of the self-report turn alone (the turn --self-report reflect|confidence asks
+    for), added to --entropy-coef there: keeps a trained report from collapsing to one constant answer."""
     gamma: float = 1.0
     """Discount of --adv-estimator gae over tokens."""
     lam: float = 1.0
@@ -214,7 +217,10 @@ class GRPOConfig(RunOptions):
             (0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]"),
             (self.vf_coef >= 0 and (self.value_clip is None or self.value_clip > 0),
              "vf_coef must be >= 0 and value_clip > 0"),
-            (self.kl_coef >= 0 and self.entropy_coef >= 0, "kl_coef and entropy_coef must be >= 0"),
+            (self.kl_coef >= 0 and self.entropy_coef >= 0 and self.report_entropy_coef >= 0,
+             "kl_coef, entropy_coef and report_entropy_coef must be >= 0"),
+            (self.report_entropy_coef == 0 or self.self_report in ("reflect", "confidence"),
+             "report_entropy_coef needs a self-report turn: --self-report reflect or confidence"),
             (self.loss_agg_mode in LOSS_AGG_MODES,
              f"unknown loss_agg_mode {self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}"),
             (self.ppo_epochs >= 1 and self.minibatches >= 1 and self.grad_accum >= 1,

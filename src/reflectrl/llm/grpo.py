@@ -24,6 +24,7 @@ import torch
 from ..core import adv_est_requires, get_adv_est
 from ..errors import ConfigError
 from ..methods.base import MethodRunner, StepBatch, apply_shaping
+from ..methods.refgrpo import last_turn_tokens
 from ..methods.rewards import as_nan
 from ..tasks.base import Problem, get_task
 from ..tasks.selfreport import with_self_report
@@ -34,7 +35,7 @@ from .distributed import from_env, rank_seed, shard
 from .engines import check_engine, make_engine
 from .policy import load_policy
 from .rollout import Rollout, RolloutStats
-from .update import VALUE_HEAD, PolicyUpdate
+from .update import REPORT_ENTROPY, VALUE_HEAD, PolicyUpdate
 
 
 class GRPOHook:
@@ -268,6 +269,10 @@ class GRPO(PolicyUpdate, Trainer):
                                                                            trim=False)
         rec = {"update": self.update_idx, "global_step": self.global_step, **self.reward_metrics(fresh), **gap}
         batch.extras["row_id"] = torch.arange(batch.rows)
+        if cfg.report_entropy_coef > 0:
+            asked = episode_info(batch).get("report_asked", torch.zeros(batch.rows))
+            report = last_turn_tokens(batch.turn_ids, batch.completion_mask, asked)
+            batch.extras[REPORT_ENTROPY] = report.float() * cfg.report_entropy_coef
         self._batch_shape = (batch.rows, batch.steps)
         train = batch
         if cfg.filter_zero_std:

@@ -17,6 +17,7 @@ from .batch import ENGINE_LOGP, TokenBatch
 from .distributed import SINGLE, Dist
 
 VALUE_HEAD = "value"
+REPORT_ENTROPY = "entropy/report"  # extras key [R, C]: the report_entropy_coef of each token (0 off the report)
 TIS_WEIGHT = "tis/weight"  # extras key of the per-token importance weights [R, C] the policy loss is multiplied by
 
 
@@ -88,8 +89,9 @@ class PolicyUpdate:
         rows when given (:meth:`distinct_rows`)."""
         cfg = self.cfg
         want_hidden = "hidden_grad" in self.needs or mb.values is not None
-        out = self.policy.forward_batch(mb, with_entropy=True, with_hidden=want_hidden,
-                                        temperature=cfg.temperature, entropy_grad=cfg.entropy_coef > 0)
+        report_w = mb.extras.get(REPORT_ENTROPY)  # [R, C]: report_entropy_coef on the self-report turn's tokens
+        out = self.policy.forward_batch(mb, with_entropy=True, with_hidden=want_hidden, temperature=cfg.temperature,
+                                        entropy_grad=cfg.entropy_coef > 0 or report_w is not None)
         dev = out.logp.device
         mask = mb.completion_mask.float().to(dev)
         old = mb.old_logp.to(dev) if mb.old_logp is not None else out.logp.detach()
@@ -119,6 +121,10 @@ class PolicyUpdate:
                  **{f"losses/{k}": v for k, v in st.items() if k != "old_approx_kl"}}
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * agg(out.entropy)
+        if report_w is not None:
+            w = report_w[:, :mb.steps].to(dev)
+            loss = loss - agg(out.entropy * w)
+            stats["losses/report_entropy"] = masked_mean(out.entropy.detach(), m_stat * (w > 0))
         if mb.ref_logp is not None:
             kl = approx_kl(out.logp, mb.ref_logp.to(dev), cfg.kl_estimator)
             stats["losses/kl"] = masked_mean(kl.detach(), m_stat)

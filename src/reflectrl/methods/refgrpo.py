@@ -60,9 +60,15 @@ def report_turn_mask(batch: StepBatch) -> Tensor:
     if batch.turn_ids is None:
         raise ValueError("split credit needs the batch's turn ids (an LLM token batch)")
     mask = (batch.mask if batch.mask is not None else torch.ones_like(batch.rewards)).bool()
-    turn = torch.where(mask, batch.turn_ids, torch.full_like(batch.turn_ids, -1))
-    asked = batch.info.get("report_asked", torch.zeros(turn.shape[0])).bool()
-    return mask & (turn == turn.max(1, keepdim=True).values) & asked[:, None]
+    return last_turn_tokens(batch.turn_ids, mask, batch.info.get("report_asked", torch.zeros(mask.shape[0])))
+
+
+def last_turn_tokens(turn_ids: Tensor, mask: Tensor, asked: Tensor) -> Tensor:
+    """``[R, T]`` bool: the ``mask``ed tokens of each row's last agent turn (``turn_ids [R, T]``), in the rows where
+    ``asked [R]`` is nonzero (the episode ended with the self-report question, so that turn is the report)."""
+    mask = mask.bool()
+    turn = torch.where(mask, turn_ids, torch.full_like(turn_ids, -1))
+    return mask & (turn == turn.max(1, keepdim=True).values) & asked.bool()[:, None]
 
 
 def split_credit(batch: StepBatch, per_row: Tensor) -> Shaping:

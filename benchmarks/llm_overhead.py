@@ -12,6 +12,10 @@ generated), so a reflection turn's tokens count as tokens, as the bars ask. exgr
 ``--exgrpo-start-rate 0`` so that its replay is on for the whole measurement. ``rlcr`` asks for its confidence in a
 turn of its own; ``rlcr-inline`` is rlcr ``--self-report inline`` (the confidence at the end of the answer: measure it
 on a model warmed up with ``--self-report inline``, whose answers carry the tag).
+
+Four rows without a bar split the asked self-report's cost in two: ``grpo-reflect`` / ``grpo-confidence`` is GRPO
+asking the same question after each episode (the turn trained, no bonus) against plain GRPO, the turn's own cost;
+``refgrpo@asked`` / ``rlcr@asked`` is the method against that GRPO, what the method adds beyond its turn.
 """
 
 from __future__ import annotations
@@ -28,21 +32,35 @@ from reflectrl.algos import get_algo
 from reflectrl.llm.recipes import recipe
 from reflectrl.runlog import read_metrics
 
-METHODS = {  # label: (baseline, bar, extra options); the label is the algo, or ALGO-VARIANT for a variant
-    "refgrpo": ("grpo", 1.05, {}),
-    "rlcr": ("grpo", 1.05, {}),
-    "rlcr-inline": ("grpo", 1.05, {"self_report": "inline"}),
-    "refgrpo-seed": ("grpo", 1.10, {}),
-    "gear-seed": ("grpo", 1.10, {}),
-    "gear": ("grpo", 1.35, {}),
-    "exgrpo": ("drgrpo", 1.10, {"exgrpo_start_rate": 0.0}),
-    "exgrpo-seed": ("grpo", 1.10, {}),
+RUNS = {  # label: (algo, extra options) of one training run per round
+    "grpo": ("grpo", {}),
+    "drgrpo": ("drgrpo", {}),
+    "grpo-reflect": ("grpo", {"self_report": "reflect"}),
+    "grpo-confidence": ("grpo", {"self_report": "confidence"}),
+    "refgrpo": ("refgrpo", {}),
+    "rlcr": ("rlcr", {}),
+    "rlcr-inline": ("rlcr", {"self_report": "inline"}),
+    "refgrpo-seed": ("refgrpo-seed", {}),
+    "gear-seed": ("gear-seed", {}),
+    "gear": ("gear", {}),
+    "exgrpo": ("exgrpo", {"exgrpo_start_rate": 0.0}),
+    "exgrpo-seed": ("exgrpo-seed", {}),
 }
-VARIANTS = {"rlcr-inline": "rlcr"}
-
-
-def algo_of(label: str) -> str:
-    return VARIANTS.get(label, label)
+METHODS = {  # row label: (run, baseline run, bar; None: a decomposition row without a bar)
+    "refgrpo": ("refgrpo", "grpo", 1.05),
+    "rlcr": ("rlcr", "grpo", 1.05),
+    "rlcr-inline": ("rlcr-inline", "grpo", 1.05),
+    "refgrpo-seed": ("refgrpo-seed", "grpo", 1.10),
+    "gear-seed": ("gear-seed", "grpo", 1.10),
+    "gear": ("gear", "grpo", 1.35),
+    "exgrpo": ("exgrpo", "drgrpo", 1.10),
+    "exgrpo-seed": ("exgrpo-seed", "grpo", 1.10),
+    # the asked turn's own cost against the method's: GRPO asking the same question, without a bonus
+    "grpo-reflect": ("grpo-reflect", "grpo", None),
+    "refgrpo@asked": ("refgrpo", "grpo-reflect", None),
+    "grpo-confidence": ("grpo-confidence", "grpo", None),
+    "rlcr@asked": ("rlcr", "grpo-confidence", None),
+}
 
 
 def flags_to_options(flags: tuple[str, ...]) -> dict:
@@ -80,28 +98,33 @@ def main() -> None:
     ap.add_argument("--methods", nargs="*", default=list(METHODS))
     ap.add_argument("--json-out", type=Path, default=None)
     a = ap.parse_args()
-    algos = sorted({m for m in a.methods} | {METHODS[m][0] for m in a.methods})
+    unknown = [m for m in a.methods if m not in METHODS]
+    if unknown:
+        ap.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    algos = sorted({METHODS[m][0] for m in a.methods} | {METHODS[m][1] for m in a.methods})
     rows = []
     for r in range(a.rounds):
         order = algos[r % len(algos):] + algos[:r % len(algos)]
         res = {}
         for algo in order:
-            extra = METHODS[algo][2] if algo in METHODS else {}
-            res[algo] = run(algo_of(algo), a.model, a.task, a.updates, r + 1, extra)
+            name, extra = RUNS[algo]
+            res[algo] = run(name, a.model, a.task, a.updates, r + 1, extra)
             print(f"round {r + 1} {algo}: {res[algo]['cpu_s']:.1f} CPU-s, {res[algo]['tokens']:.0f} tokens",
                   file=sys.stderr, flush=True)
         rows.append(res)
     out: dict = {"benchmark": "llm_overhead", "task": a.task, "model": a.model, "updates": a.updates, "rounds": a.rounds,
                  "settings": " ".join(recipe(a.task).train), "clock": "process CPU seconds per token"}
     for m in a.methods:
-        base, bar, extra = METHODS[m]
-        ratios = [row[m]["cpu_per_token"] / row[base]["cpu_per_token"] for row in rows]
-        update_ratios = [row[m]["cpu_s"] / row[base]["cpu_s"] for row in rows]
+        label, base, bar = METHODS[m]
+        ratios = [row[label]["cpu_per_token"] / row[base]["cpu_per_token"] for row in rows]
+        update_ratios = [row[label]["cpu_s"] / row[base]["cpu_s"] for row in rows]
         out[m] = {"baseline": base, "ratio_per_token": round(statistics.median(ratios), 3),
                   "ratios_per_token": [round(x, 3) for x in ratios],
                   "ratio_per_update": round(statistics.median(update_ratios), 3),
-                  "tokens_per_update_ratio": round(statistics.median(row[m]["tokens"] / row[base]["tokens"] for row in rows), 3),
-                  "bar": bar, "within_bar": statistics.median(ratios) <= bar, "options": extra}
+                  "tokens_per_update_ratio": round(statistics.median(row[label]["tokens"] / row[base]["tokens"]
+                                                                     for row in rows), 3),
+                  "bar": bar, "within_bar": None if bar is None else statistics.median(ratios) <= bar,
+                  "algo": RUNS[label][0], "options": RUNS[label][1], "baseline_options": RUNS[base][1]}
     print(json.dumps(out))
     if a.json_out:
         a.json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ else:
     for m, r in d.items():
         if isinstance(r, dict) and "ratio_per_token" in r:
             rounds = ", ".join(f"{x:.3f}" for x in r["ratios_per_token"])
+            bar = "n/a" if r["bar"] is None else f"{r['bar']:.2f}"
+            within = "n/a" if r["within_bar"] is None else ("yes" if r["within_bar"] else "no")
             print(f"| {m} | {r['baseline']} | {r['ratio_per_token']:.3f} | {rounds} "
-                  f"| {r['ratio_per_update']:.3f} | {r['tokens_per_update_ratio']:.3f} | {r['bar']:.2f} | "
-                  f"{'yes' if r['within_bar'] else 'no'} |")
+                  f"| {r['ratio_per_update']:.3f} | {r['tokens_per_update_ratio']:.3f} | {bar} | {within} |")

@@ -21,6 +21,9 @@ from reflectrl.llm.tiny import init_tiny
     (["--methods", "grpo", "--tasks", "arith", "--updates", "0"], "--updates must be at least 1"),
     (["--methods", "grpo", "--tasks", "nosuchtask"], "nosuchtask"),
     (["--methods", "grpo", "--tasks", "arith", "--model", "no/such/dir"], "not a model directory"),
+    (["--methods", "grpo", "--tasks", "arith", "--warmup-target", "0"], "--warmup-target must be in"),
+    (["--methods", "grpo", "--tasks", "arith", "--warmup-target", "1.5"], "--warmup-target must be in"),
+    (["--methods", "grpo", "--tasks", "arith", "--warmup-target", "0.1", "--model", "."], "not with --model"),
 ])
 def test_bad_grid_is_one_error_and_writes_nothing(tmp_path: Path, argv: list[str], pattern: str):
     out = tmp_path / "out"
@@ -68,3 +71,34 @@ def test_a_recipe_s_task_options_reach_every_run():
     rag, arith = ([s for s in specs if s.env_id == t][0] for t in ("rag", "arith"))
     i = rag.train_args.index("--task-options")
     assert rag.train_args[i + 1] == "n_companies=1000" and "--task-options" not in arith.train_args
+
+
+def test_warmup_target_reaches_the_warmup_and_a_model_built_to_another_is_refused(tmp_path: Path, monkeypatch):
+    """``--warmup-target`` is the warm-up's ``--stop-at-accuracy``; a folder whose model was warmed up to another
+    target is not reused (its runs would not start from the models the command asks for)."""
+    from reflectrl.eval import llm_compare
+
+    calls: list[list[str]] = []
+
+    def fake_cli(args, log):
+        calls.append(list(args))
+        if args[:2] == ["llm", "warmup"]:
+            warm = Path(args[args.index("--out") + 1])
+            warm.mkdir(parents=True)
+            target = float(args[args.index("--stop-at-accuracy") + 1])
+            (warm / "warmup.json").write_text(json.dumps({"config": {"stop_at_accuracy": target}}))
+        return 0, "", ""
+
+    monkeypatch.setattr(llm_compare, "_run_cli", fake_cli)
+    path, err = llm_compare.build_model(tmp_path, "arith", 1, 0.05)
+    assert err is None and Path(path).name == "warmup"
+    warmup = [c for c in calls if c[:2] == ["llm", "warmup"]][0]
+    assert warmup[warmup.index("--stop-at-accuracy") + 1] == "0.05"
+    calls.clear()
+    assert llm_compare.build_model(tmp_path, "arith", 1, 0.05) == (path, None) and not calls  # built: skipped
+    _, err = llm_compare.build_model(tmp_path, "arith", 1)  # the recipe's 0.2
+    assert err is not None and "0.05" in err and "0.2" in err and "--out" in err and not calls
+    _, err = llm_compare.build_model(tmp_path, "arith", 2)
+    assert err is None
+    warmup = [c for c in calls if c[:2] == ["llm", "warmup"]][0]
+    assert warmup[warmup.index("--stop-at-accuracy") + 1] == "0.2"

@@ -14,6 +14,7 @@ and a confidence asked after each answer (``reflectrl llm eval --self-report bot
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default=None, metavar="PATH",
                     help="a warmed-up model every run starts from (default: one tiny model per task and seed, built by "
                          "the task's recipe)")
+    ap.add_argument("--warmup-target", type=float, default=None, metavar="F",
+                    help="train accuracy at which each tiny model's warm-up stops (default: the task recipe's, 0.2); a "
+                         "lower one gives a harder setting, GRPO starting from a weaker model (use its own --out)")
     ap.add_argument("--backend", choices=("local", "ray"), default="local",
                     help="local: a pool of processes on this machine; ray: one Ray task per run")
     ap.add_argument("--workers", type=int, default=2, metavar="K", help="runs (and model builds) at a time")
@@ -63,7 +67,11 @@ def _validate(args: argparse.Namespace) -> list[MethodSpec]:
 
     methods = check_grid_args(args, "llm", [(args.updates is None or args.updates >= 1, "--updates must be at least 1"),
                                             (args.eval_limit is None or args.eval_limit >= 1,
-                                             "--eval-limit must be at least 1")])
+                                             "--eval-limit must be at least 1"),
+                                            (args.warmup_target is None or 0.0 < args.warmup_target <= 1.0,
+                                             "--warmup-target must be in (0, 1]"),
+                                            (args.warmup_target is None or args.model is None,
+                                             "--warmup-target sets how the tiny models are built: not with --model")])
     for task in args.tasks:
         get_task(task)
         if args.model is None:
@@ -79,14 +87,24 @@ def model_dir(out: Path, task: str, seed: int) -> Path:
     return Path(out) / "models" / task / f"seed_{seed}"
 
 
-def build_model(out: Path, task: str, seed: int) -> tuple[str, str | None]:
-    """Build (once) the tiny warmed-up model of (task, seed) by the task's recipe; ``(path, error or None)``."""
+def build_model(out: Path, task: str, seed: int, target: float | None = None) -> tuple[str, str | None]:
+    """Build (once) the tiny warmed-up model of (task, seed) by the task's recipe, its warm-up stopping at train accuracy
+    ``target`` (default: the recipe's); ``(path, error or None)``. A model built before with another target is an error:
+    every run of a folder starts from the same models."""
     from ..llm.recipes import recipe
 
     r = recipe(task)
+    target = r.warmup_target if target is None else float(target)
     d = model_dir(out, task, seed)
     warm = d / "warmup"
     if (warm / "warmup.json").is_file():
+        try:
+            built = json.loads((warm / "warmup.json").read_text())["config"]["stop_at_accuracy"]
+        except (OSError, ValueError, KeyError, TypeError):
+            built = None
+        if built is not None and abs(float(built) - target) > 1e-12:
+            return str(warm), (f"{warm} was warmed up to train accuracy {built}, this comparison asks for {target} "
+                               "(--warmup-target): give it another --out")
         return str(warm), None
     d.mkdir(parents=True, exist_ok=True)
     log = d / "build.log"
@@ -99,7 +117,7 @@ def build_model(out: Path, task: str, seed: int) -> tuple[str, str | None]:
 
         shutil.rmtree(warm)
     rc, _, _ = _run_cli(["llm", "warmup", "--model", str(d / "tiny"), "--task", task, "--out", str(warm), *r.warmup,
-                         "--stop-at-accuracy", str(r.warmup_target), "--seed", str(seed), "--self-report", "both",
+                         "--stop-at-accuracy", str(target), "--seed", str(seed), "--self-report", "both",
                          "--teacher-share", "0.25", "--no-progress", *r.task_flags()], log)
     return str(warm), None if rc == 0 else f"warmup exited with status {rc} (log: {log})"
 
@@ -147,7 +165,7 @@ def main(argv: list[str]) -> int:
         jobs = [(t, s) for t in args.tasks for s in seeds]
         print(f"building {len(jobs)} tiny models (skipped where built)", flush=True)
         with ThreadPoolExecutor(args.workers) as pool:
-            for (t, s), (path, err) in zip(jobs, pool.map(lambda j: build_model(out, *j), jobs)):
+            for (t, s), (path, err) in zip(jobs, pool.map(lambda j: build_model(out, *j, args.warmup_target), jobs)):
                 models[(t, s)] = path
                 if err:
                     failures.append(f"model {t}/seed_{s}: {err}")

@@ -34,6 +34,13 @@ KEYS = {"accuracy": "training accuracy", "groups/zero_std_frac": "groups with on
 LABELS = {**KEYS, "completion/truncated_frac": "completions cut at the token limit",
           "completion/mean_length": "completion length", "exgrpo/coef": "reflection coefficient",
           "exgrpo/retired": "retired questions", "exgrpo/replay_share": "replayed share"}
+COUNTS = {"exgrpo/retired", "exgrpo/buffer_questions"}
+
+
+def label(key: str) -> str:
+    if key.startswith("exgrpo/bucket_"):
+        return f"stored questions solved {key.rsplit('_', 1)[1]} of K"
+    return LABELS.get(key, key)
 
 
 def _read_json(p: Path) -> dict:
@@ -59,7 +66,8 @@ def measure(dirs: list[Path], keys: list[str] | None = None) -> dict:
             row = {"dir": str(d), "seed": cfg.get("seed"), "task": cfg.get("task"), "updates": len(recs),
                    "method": d.parent.name, "eval_accuracy": ev.get("accuracy")}
         for key in keys or KEYS:
-            vals = np.array([float(r.get(key, float("nan"))) for r in recs])
+            default = 0.0 if key.startswith("exgrpo/bucket_") else float("nan")  # an empty bucket is not logged
+            vals = np.array([float(r.get(key, default)) for r in recs])
             row[key] = [float(np.nanmean(vals[s])) if np.isfinite(vals[s]).any() else None for s in spans]
         runs.append(row)
     out = {"benchmark": "llm_learn_dynamics", "spans": SPANS, "runs": runs}
@@ -71,13 +79,15 @@ def measure(dirs: list[Path], keys: list[str] | None = None) -> dict:
 def render(data: dict) -> str:
     cells = lambda v: " -> ".join("n/a" if x is None or not math.isfinite(x) else f"{x:.2f}" for x in v)
     if "keys" in data:  # run directories: method, seed, final held-out accuracy
+        counts = lambda v: " -> ".join("n/a" if x is None or not math.isfinite(x) else f"{x:.0f}" for x in v)
         keys = data["keys"]
         lines = ["| task | method | seed | held-out accuracy | updates | " + " | ".join(
-            f"{LABELS.get(k, k)}, by fifth of the updates" for k in keys) + " |", "|---|---|---|---|---|" + "---|" * len(keys)]
+            f"{label(k)}, by fifth of the updates" for k in keys) + " |", "|---|---|---|---|---|" + "---|" * len(keys)]
         for r in data["runs"]:
             acc = "n/a" if r.get("eval_accuracy") is None else f"{r['eval_accuracy']:.3f}"
             lines.append(f"| {r['task']} | {r.get('method', '')} | {r['seed']} | {acc} | {r['updates']} | "
-                         + " | ".join(cells(r[k]) for k in keys) + " |")
+                         + " | ".join((counts if k in COUNTS or k.startswith("exgrpo/bucket_") else cells)(r[k])
+                                      for k in keys) + " |")
         return "\n".join(lines)
     lines = ["| task | seed | held-out gain, points | updates | " + " | ".join(
         f"{name}, by fifth of the updates" for name in KEYS.values()) + " |", "|---|---|---|---|" + "---|" * len(KEYS)]

@@ -80,6 +80,23 @@ def test_retirement_buckets_and_the_replay_switch(tiny_dir, tmp_path):
     assert not hook2.started  # 1 / 16: replay stays off until the threshold
 
 
+def test_without_retirement_a_solved_question_leaves_the_buffer_but_stays_in_the_draws(tiny_dir, tmp_path):
+    import dataclasses
+
+    draws = {}
+    for retire in (True, False):
+        t = get_algo("llm", "exgrpo").make(_cfg(tiny_dir, tmp_path, f"r{retire}"))
+        hook = t.hooks[0]
+        hook.o = dataclasses.replace(hook.o, exgrpo_retire=retire)
+        batch = _store(t, hook, [[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
+        q = batch.problems[0].id
+        assert q not in hook.buffer and q not in hook.count  # solved 4 of 4: out of the buffer either way
+        assert (q in hook.retired) == retire
+        t.cursor = 0  # the fresh draws start the same permutation again
+        draws[retire] = [p.id for p in hook.select_problems(t, 4)]
+    assert q not in draws[True] and q in draws[False]
+
+
 def test_a_replayed_group_holds_one_stored_row_on_the_shaped_loss(tiny_dir, tmp_path):
     t = get_algo("llm", "exgrpo").make(_cfg(tiny_dir, tmp_path, "m"))
     hook = t.hooks[0]

@@ -43,6 +43,9 @@ class ExGRPOOptions:
     """Which stored trajectory of a question is replayed: the lowest mean token entropy under the current policy, or random."""
     exgrpo_shape_beta: float = 0.1
     """beta in f(w) = w / (w + beta)."""
+    exgrpo_retire: bool = True
+    """Retire a question solved K of K (never sampled again), as the paper does; off: it only leaves the buffer
+    and stays in the fresh draws (an ablation)."""
 
     def validate_exgrpo_paper(self) -> list[tuple[bool, str]]:
         return [(0 <= self.exgrpo_rho < 1, "--exgrpo-rho must be in [0, 1)"),
@@ -194,7 +197,8 @@ class ExGRPO(GRPOHook):
             n_ok = sum(bool(batch.correct[r]) for r in rows)
             k = round(n_ok * K / len(rows))
             if k >= K:
-                self.retired.add(q)
+                if self.o.exgrpo_retire:
+                    self.retired.add(q)
                 self.buffer.pop(q, None)
                 self.count.pop(q, None)
                 continue

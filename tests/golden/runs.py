@@ -7,7 +7,12 @@ bit for bit, timing fields aside.
 Bit for bit holds on one kind of CPU: PyTorch picks its CPU kernels by instruction set (AVX2, AVX-512), and the
 transformer's kernels give different last bits on each, which sampling then turns into different rollouts. The
 runs here therefore use PyTorch's AVX2 kernels on every x86-64 CPU (``ATEN_CPU_CAPABILITY=avx2``, set before
-torch is imported: this script re-executes itself with it), so the files hold across x86-64 machines.
+torch is imported: this script re-executes itself with it). That is not all of it: MKL, which PyTorch's matrix
+products go through, picks its own code path by CPU, and on CPUs with AMX (Intel Sapphire Rapids and later) the
+last bits differ again, whatever MKL_CBWR says. So there is one set of files per kind of CPU they were recorded
+on: this folder's (AVX2 and AVX-512 CPUs without AMX) and ``amx/`` (with AMX), and a run must equal one of them.
+``--record NAME --set amx`` rewrites a set's file; a documented change of behaviour re-records every set it can
+and removes the files of the sets it cannot (their CPUs then compare with the others).
 """
 
 from __future__ import annotations
@@ -123,12 +128,21 @@ def dump(names: list[str], out: Path) -> None:
             (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
-def golden_path(name: str) -> Path:
-    return HERE / f"{name}.jsonl"
+SETS = {"": HERE, "amx": HERE / "amx"}
+"""The recorded sets: name -> folder (``""``: this folder)."""
 
 
-def load(name: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in golden_path(name).read_text().splitlines() if line.strip()]
+def golden_path(name: str, which: str = "") -> Path:
+    return SETS[which] / f"{name}.jsonl"
+
+
+def load(name: str, which: str = "") -> list[dict[str, Any]]:
+    return [json.loads(line) for line in golden_path(name, which).read_text().splitlines() if line.strip()]
+
+
+def load_sets(name: str) -> dict[str, list[dict[str, Any]]]:
+    """Every recorded set's records of ``name`` (set name -> records), the sets without a file left out."""
+    return {w: load(name, w) for w in SETS if golden_path(name, w).is_file()}
 
 
 def diff(name: str, tmp: Path) -> dict[str, int]:
@@ -160,11 +174,21 @@ if __name__ == "__main__":
                 print(name, diff(name, Path(d)), flush=True)
         sys.exit(0)
     if "--record" not in sys.argv:
-        sys.exit("usage: python tests/golden/runs.py --record|--diff [NAME ...] | --dump DIR [NAME ...]")
-    which = [a for a in sys.argv[1:] if a != "--record"] or NAMES
+        sys.exit("usage: python tests/golden/runs.py --record [--set SET] [NAME ...] | --diff [NAME ...] | "
+                 "--dump DIR [NAME ...]")
+    args = [a for a in sys.argv[1:] if a != "--record"]
+    target = ""
+    if "--set" in args:
+        i = args.index("--set")
+        target = args[i + 1]
+        del args[i:i + 2]
+        if target not in SETS:
+            sys.exit(f"unknown set {target!r}; the sets are {', '.join(repr(k) for k in SETS)}")
+    which = args or NAMES
+    SETS[target].mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
         for name in which:
             recs = run(name, Path(d))
-            golden_path(name).write_text("".join(json.dumps(r) + "\n" for r in recs))
-            print(f"recorded {name}: {len(recs)} records")
+            golden_path(name, target).write_text("".join(json.dumps(r) + "\n" for r in recs))
+            print(f"recorded {name} ({target or 'default'} set): {len(recs)} records")
 

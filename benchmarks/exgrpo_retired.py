@@ -20,30 +20,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def greedy_correct(model_or_run: str, task_name: str, problems: list, gen_batch: int = 256) -> list[bool]:
-    """Greedy correctness of each problem (a single-turn task), at the task's default completion budget."""
-    import torch
+def greedy_correct(model_or_run: str, task_name: str) -> list[bool]:
+    """Greedy correctness of each training problem, in the split's order (the evaluator's token budgets)."""
+    from reflectrl.llm.evaluate import evaluate
 
-    from reflectrl.llm.engines import make_engine
-    from reflectrl.llm.evaluate import load_for_eval
-    from reflectrl.llm.rollout import Rollout
-    from reflectrl.tasks.base import get_task
-    from reflectrl.tasks.selfreport import default_new_tokens
-
-    policy, _ = load_for_eval(model_or_run)
-    task = get_task(task_name)
-    ro = Rollout(policy, make_engine("torch", policy), task, default_new_tokens(task, None), 1, None, gen_batch,
-                 reward_workers=0)
-    gen = torch.Generator().manual_seed(0)
-    policy.eval()
-    out: list[bool] = []
-    try:
-        for s in range(0, len(problems), gen_batch):
-            batch, _ = ro.run(problems[s:s + gen_batch], 1, gen, greedy=True)
-            out += [bool(c) for c in batch.correct.tolist()]
-    finally:
-        ro.close()
-    return out
+    return [c >= 1.0 for c in evaluate(model_or_run, task_name, "train", per_problem=True)["per_problem"]]
 
 
 def main() -> None:
@@ -73,7 +54,7 @@ def main() -> None:
         models = {a.method: str(run), a.baseline: str(runs / a.baseline / f"seed_{seed}"),
                   "warmup": str(a.out / "models" / a.task / f"seed_{seed}" / "warmup")}
         for name, path in models.items():
-            ok = greedy_correct(path, a.task, problems)
+            ok = greedy_correct(path, a.task)
             ret = [c for c, m in zip(ok, mask) if m]
             rest = [c for c, m in zip(ok, mask) if not m]
             row[name] = {"retired": sum(ret) / max(len(ret), 1), "rest": sum(rest) / max(len(rest), 1),

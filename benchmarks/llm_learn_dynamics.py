@@ -77,17 +77,18 @@ def measure(dirs: list[Path], keys: list[str] | None = None) -> dict:
 
 
 def render(data: dict) -> str:
-    cells = lambda v: " -> ".join("n/a" if x is None or not math.isfinite(x) else f"{x:.2f}" for x in v)
+    def cells(v: list, key: str = "") -> str:
+        digits = 0 if key in COUNTS or key.startswith("exgrpo/bucket_") else 2
+        return " -> ".join("n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}" for x in v)
+
     if "keys" in data:  # run directories: method, seed, final held-out accuracy
-        counts = lambda v: " -> ".join("n/a" if x is None or not math.isfinite(x) else f"{x:.0f}" for x in v)
         keys = data["keys"]
         lines = ["| task | method | seed | held-out accuracy | updates | " + " | ".join(
             f"{label(k)}, by fifth of the updates" for k in keys) + " |", "|---|---|---|---|---|" + "---|" * len(keys)]
         for r in data["runs"]:
             acc = "n/a" if r.get("eval_accuracy") is None else f"{r['eval_accuracy']:.3f}"
             lines.append(f"| {r['task']} | {r.get('method', '')} | {r['seed']} | {acc} | {r['updates']} | "
-                         + " | ".join((counts if k in COUNTS or k.startswith("exgrpo/bucket_") else cells)(r[k])
-                                      for k in keys) + " |")
+                         + " | ".join(cells(r[k], k) for k in keys) + " |")
         return "\n".join(lines)
     lines = ["| task | seed | held-out gain, points | updates | " + " | ".join(
         f"{name}, by fifth of the updates" for name in KEYS.values()) + " |", "|---|---|---|---|" + "---|" * len(KEYS)]

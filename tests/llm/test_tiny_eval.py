@@ -42,6 +42,23 @@ def test_evaluate_greedy_and_sampled(tiny_policy):
     assert s["n"] == 5 and s["samples_per_problem"] == 3 and "pass@2" in s and s["pass@2"] >= s["accuracy"] - 1e-9
 
 
+def test_per_problem_correctness_is_in_the_split_s_order(tiny_policy):
+    from .toytasks import AddTask
+
+    class EvenRight(AddTask):  # every completion is right on problems whose first operand is even
+        def score(self, problem, completion):
+            return float(int(problem.prompt.split("+")[0]) % 2 == 0)
+
+    task = EvenRight()
+    want = [float(int(p.prompt.split("+")[0]) % 2 == 0) for p in task.problems("heldout")]
+    assert 0 < sum(want) < len(want)
+    g = evaluate_policy(tiny_policy, task, "heldout", max_new_tokens=3, per_problem=True, gen_batch=4)
+    assert g["per_problem"] == want and g["accuracy"] == sum(want) / len(want)
+    s = evaluate_policy(tiny_policy, task, "heldout", samples=2, n=3, max_new_tokens=3, per_problem=True)
+    assert s["per_problem"] == want
+    assert "per_problem" not in evaluate_policy(tiny_policy, task, "heldout", max_new_tokens=3, limit=2)
+
+
 def test_warmup_then_eval_cli(tiny_dir, tmp_path, capsys):
     from reflectrl.cli import main
 

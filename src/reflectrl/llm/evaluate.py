@@ -48,7 +48,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
                     temperature: float = 1.0, max_new_tokens: int = 64, max_turns: int | None = None,
                     max_response_tokens: int | None = None, limit: int | None = None, gen_batch: int = 128,
                     seed: int = 0, confidence: float = 0.95, engine: str = "torch",
-                    self_report: str | None = None) -> dict[str, Any]:
+                    self_report: str | None = None, per_problem: bool = False) -> dict[str, Any]:
     """Accuracy of ``policy`` on ``task``'s ``split``: greedy when ``samples == 0``; otherwise ``n``
     (default ``samples``) sampled completions per problem give pass@1 (as ``accuracy``) and pass@``samples``.
 
@@ -56,10 +56,11 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     a confidence (:mod:`reflectrl.tasks.selfreport`, whatever the model was trained with) and adds their
     calibration (:func:`reflectrl.eval.calibration.self_report_metrics`) and the per-rollout reports
     (``reports``: correct, reflection, confidence; null where missing). ``inline`` asks nothing and reads the
-    confidence the final answer itself states (``<confidence>q</confidence>``: rlcr's inline form)."""
+    confidence the final answer itself states (``<confidence>q</confidence>``: rlcr's inline form). ``per_problem``
+    adds ``per_problem``: each problem's share of right completions, in the split's order (greedy: 0 or 1)."""
     if self_report == "both":
         out = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
-                              max_response_tokens, limit, gen_batch, seed, confidence, engine, "reflect")
+                              max_response_tokens, limit, gen_batch, seed, confidence, engine, "reflect", per_problem)
         conf = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
                                max_response_tokens, limit, gen_batch, seed, confidence, engine, "confidence")
         out["reports"]["confidence"] = conf["reports"]["confidence"]
@@ -115,6 +116,8 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     if self_report not in (None, "off"):
         out.update(_report_metrics(self_report, correct.reshape(-1), finals))
     out.update(_episode_metrics(episodes))
+    if per_problem:
+        out["per_problem"] = correct.mean(1).tolist()
     if greedy:
         k = int(correct.sum())
         out.update(mode="greedy", accuracy=k / len(problems), ci=list(wilson_interval(k, len(problems), confidence)))

@@ -1,13 +1,16 @@
-"""The table of benchmarks/results/llm_overhead.json (benchmarks/llm_overhead.py) for render_all.py."""
+"""The table of benchmarks/results/llm_overhead.json (benchmarks/llm_overhead.py) for render_all.py; ``--file NAME``
+renders another results file of that script."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-p = Path(__file__).resolve().parent / "results" / "llm_overhead.json"
+name = sys.argv[sys.argv.index("--file") + 1] if "--file" in sys.argv else "llm_overhead.json"
+p = Path(__file__).resolve().parent / "results" / name
 if not p.is_file():
-    print("(not produced yet: benchmarks/results/llm_overhead.json)")
+    print(f"(not produced yet: benchmarks/results/{name})")
 else:
     d = json.loads(p.read_text())
     print(f"{d['task']}, {d['updates']} updates per run, {d['rounds']} rounds; settings `{d['settings']}`.\n")

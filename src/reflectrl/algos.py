@@ -77,7 +77,7 @@ def _register_llm() -> None:
         RefGRPOSeedLLMConfig,
         RLCRConfig,
         exgrpo_llm_hooks,
-        exgrpo_seed_llm_methods,
+        exgrpo_seed_llm_parts,
         gear_llm_parts,
         gear_seed_llm_methods,
         refgrpo_llm_methods,
@@ -111,7 +111,7 @@ def _register_llm() -> None:
     register_algo(Algo("exgrpo", "llm", ExGRPOConfig, lambda cfg: GRPO(cfg, hooks=exgrpo_llm_hooks(cfg)),
                        "Dr.GRPO + replay of successful trajectories of partially solved questions (arXiv 2510.02245)",
                        EXGRPO_DEFAULTS))
-    register_algo(Algo("exgrpo-seed", "llm", ExGRPOSeedLLMConfig, lambda cfg: GRPO(cfg, methods=exgrpo_seed_llm_methods(cfg)),
+    register_algo(Algo("exgrpo-seed", "llm", ExGRPOSeedLLMConfig, lambda cfg: GRPO(cfg, *exgrpo_seed_llm_parts(cfg)),
                        "GRPO + trajectory reflection term from a prioritized reflection memory on hidden states (seed 003)"))
 
 
@@ -125,7 +125,7 @@ _MOVED = {
                      "exgrpo_dqn_hooks", "exgrpo_methods", "gear_methods", "refgrpo_methods"), ".methods.control_algos"),
     **dict.fromkeys(("EXGRPO_DEFAULTS", "GEAR_SEED_DEFAULTS", "REFGRPO_DEFAULTS", "RLCR_DEFAULTS", "ExGRPOConfig",
                      "ExGRPOSeedLLMConfig", "GEARConfig", "GearSeedLLMConfig", "RefGRPOConfig", "RefGRPOSeedLLMConfig",
-                     "RLCRConfig", "exgrpo_llm_hooks", "exgrpo_seed_llm_methods", "gear_llm_parts",
+                     "RLCRConfig", "exgrpo_llm_hooks", "exgrpo_seed_llm_parts", "gear_llm_parts",
                      "gear_seed_llm_methods", "refgrpo_llm_methods", "refgrpo_seed_llm_methods", "rlcr_llm_methods"),
                     ".methods.llm_algos"),
 }

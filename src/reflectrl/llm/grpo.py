@@ -453,8 +453,8 @@ def step_batch(trainer: GRPO, batch: TokenBatch) -> StepBatch:
                      advantages=batch.advantages, returns=batch.returns, episode_end=end,
                      terminated=end & ~batch.truncated[:, None], next_values=zeros, mask=mask.float(),
                      progress=(trainer.update_idx - 1) / max(trainer.cfg.updates, 1),
-                     group_size=trainer.cfg.group_size, turn_ids=batch.turn_ids, info=episode_info(batch),
-                     per_step=per_step_extras(batch), whole_rows=True)
+                     group_size=trainer.cfg.group_size, turn_ids=batch.turn_ids,
+                     info={**episode_info(batch), **row_extras(batch)}, per_step=per_step_extras(batch), whole_rows=True)
 
 
 TOOL_KINDS = ("sql", "search")  # the env infos' "kind" of a turn that queried a database or searched a corpus
@@ -478,6 +478,11 @@ def per_step_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:
         if k.startswith("step/") and torch.is_tensor(v):
             out[k[5:]] = v
     return out
+
+
+def row_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:
+    """The per-row ``[R]`` tensors a hook put into ``batch.extras["row/NAME"]`` (a grader's scores), by NAME."""
+    return {k[4:]: v for k, v in batch.extras.items() if k.startswith("row/") and torch.is_tensor(v)}
 
 
 def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:

@@ -65,7 +65,8 @@ class StepBatch:
     info: dict[str, Tensor] = field(default_factory=dict)
     """Per-row facts of the LLM front end's episodes, ``[R]`` floats: ``outcome`` (the reward the task gave),
     ``correct`` (0 / 1), and the self-reports ``reflection`` (1 / 0) and ``confidence`` (q), NaN when missing, with
-    ``report_asked`` (1 where the episode's last turn answered the self-report question)."""
+    ``report_asked`` (1 where the episode's last turn answered the self-report question); and what a hook graded
+    per row (``batch.extras["row/NAME"]`` as ``NAME``: ``lm_reflection``, a language-model reflector's grades)."""
 
 
 @dataclass

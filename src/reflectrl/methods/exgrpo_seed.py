@@ -157,7 +157,7 @@ class ExGRPOSeedOptions:
     refl_credit: Literal["terminal", "advantage"] = "terminal"
     """PPO: add the trajectory term to its last step's reward (GAE recomputed) or to each of its steps' advantage."""
     refl_every: int = 1
-    """Train the reflector every this many updates."""
+    """Train the reflector every this many updates (a language-model reflector: grade the batch)."""
     refl_epochs: int = 2
     """Passes over each sampled batch of trajectories when the reflector trains."""
     refl_batch: int = 256
@@ -231,7 +231,11 @@ class ReflectionMemory:
         """``coef(progress) * scale * r_refl`` per trajectory (zeros until the reflector is ready)."""
         if not self.ready or pooled.shape[0] == 0:
             return torch.zeros(pooled.shape[0]), {}
-        sig, kept = aggregate_reflection(self.reflector.reflect(pooled), self.o.refl_confidence, self.o.refl_vote)
+        return self.weigh(self.reflector.reflect(pooled), progress)
+
+    def weigh(self, members: Tensor, progress: float) -> tuple[Tensor, dict[str, float]]:
+        """``coef(progress) * scale * r_refl`` of reflections ``[N, E]`` in [-1, 1] (NaN: none; its term is 0)."""
+        sig, kept = aggregate_reflection(members, self.o.refl_confidence, self.o.refl_vote)
         coef = self.schedule(progress)
         return coef * self.scale() * sig, {"exgrpo/refl_mean": float(sig.mean()),
                                            "exgrpo/refl_std": float(sig.std()) if sig.numel() > 1 else 0.0,
@@ -315,8 +319,12 @@ class ExGRPOSeed:
 
     fit_first = False  # a trajectory is reflected on before it joins the memory the reflector learns from
 
-    def __init__(self, state_dim: int, rows: int, opts: ExGRPOSeedOptions, seed: int, reflector: Reflector | None = None):
-        self.o = opts
+    def __init__(self, state_dim: int, rows: int, opts: ExGRPOSeedOptions, seed: int, reflector: Reflector | None = None,
+                 external: str | None = None):
+        """``external``: the ``StepBatch.info`` key of reflections in [-1, 1] computed outside (a language-model
+        reflector's grades, NaN where it gave none); the memory then only keeps returns for the scale and
+        nothing is trained. A batch without that key gets no reflection term."""
+        self.o, self.external = opts, external
         self.rm = ReflectionMemory(state_dim, opts, seed, reflector)
         self.assembler = EpisodeAssembler(rows, ("states", "rewards"))
         self.updates = 0
@@ -331,9 +339,16 @@ class ExGRPOSeed:
             return Shaping()
         pooled = torch.stack([ep.data["states"].mean(0) for ep in episodes])
         self._new = (pooled, torch.stack([ep.data["rewards"].sum() for ep in episodes]))
-        term, self._metrics = self.rm.signal(pooled, batch.progress)
-        if not self.rm.ready:
-            return Shaping()
+        if self.external is not None:
+            if self.external not in batch.info:  # not graded this update
+                self._metrics = {}
+                return Shaping()
+            grades = batch.info[self.external][torch.tensor([ep.row for ep in episodes])]
+            term, self._metrics = self.rm.weigh(grades[:, None], batch.progress)
+        else:
+            term, self._metrics = self.rm.signal(pooled, batch.progress)
+            if not self.rm.ready:
+                return Shaping()
         delta = torch.zeros_like(batch.rewards)
         for ep, v in zip(episodes, term.tolist()):
             if self.o.refl_credit == "terminal":
@@ -346,7 +361,7 @@ class ExGRPOSeed:
         if self._new is not None:
             self.rm.memory.add(pooled=self._new[0], returns=self._new[1])
         self.updates += 1
-        if self.rm.memory.size >= self.o.refl_min_memory and self.updates % self.o.refl_every == 0:
+        if self.external is None and self.rm.memory.size >= self.o.refl_min_memory and self.updates % self.o.refl_every == 0:
             self._metrics.update(self.rm.train())
         self._metrics["exgrpo/buffer_size"] = self.rm.memory.size
 

@@ -129,14 +129,30 @@ class ExGRPOConfig(ExGRPOOptions, GRPOConfig):
 @dataclass
 class ExGRPOSeedLLMConfig(ExGRPOSeedOptions, GRPOConfig):
     """exgrpo-seed on the LLM (seed 003): a reflection memory of whole completions (their mean-pooled hidden
-    states), a reflection network in [-1, 1] trained on their return ranks, and R + lambda * r_refl."""
+    states), a reflection network in [-1, 1] trained on their return ranks, and R + lambda * r_refl; or a
+    language-model reflector that grades each episode (--refl-reflector lm)."""
+
+    refl_reflector: Literal["network", "lm"] = "network"
+    """Who reflects: the reflection network on mean-pooled hidden states, or a causal LM that reads each episode
+    and grades it (every --refl-every updates; the updates between get no reflection term)."""
+    reflector_model: str = ""
+    """With --refl-reflector lm: the grading model's directory (frozen); empty: the policy itself (its current
+    weights, no gradient)."""
+    reflector_report: Literal["reflect", "confidence"] = "reflect"
+    """With --refl-reflector lm: the question the grader answers after the episode: reflect (solved +1 / unsolved
+    -1) or confidence (q in [0, 1] read as 2q - 1)."""
+    reflector_max_new_tokens: int = 16
+    """With --refl-reflector lm: the grader's answer budget, in tokens."""
 
     def budget_schedules(self) -> list[str]:
         return GRPOConfig.budget_schedules(self) + self.budget_exgrpo()
 
     def validate(self) -> None:
         GRPOConfig.validate(self)
-        check_all(self.validate_exgrpo())
+        check_all(self.validate_exgrpo() + [
+            (self.reflector_max_new_tokens >= 1, "--reflector-max-new-tokens must be at least 1"),
+            (self.refl_reflector == "lm" or not self.reflector_model,
+             "--reflector-model is the grader of --refl-reflector lm; add --refl-reflector lm or drop it")])
 
 
 EXGRPO_DEFAULTS: dict[str, Any] = {"adv_estimator": "drgrpo", "loss_agg_mode": "seq-mean-token-sum-norm",
@@ -147,13 +163,23 @@ def exgrpo_llm_hooks(cfg: ExGRPOConfig) -> list[Any]:
     return [ExGRPO(cfg, method_seed(cfg.seed, 13))]
 
 
-def exgrpo_seed_llm_methods(cfg: ExGRPOSeedLLMConfig):
-    """exgrpo-seed's runner, built once the policy is loaded (the reflection network reads its hidden size)."""
+def exgrpo_seed_llm_parts(cfg: ExGRPOSeedLLMConfig) -> tuple[list[Any], Any]:
+    """exgrpo-seed's hooks (the language-model reflector's grading pass, with --refl-reflector lm) and its runner,
+    built once the policy is loaded (the reflection network reads its hidden size)."""
+    hooks: list[Any] = []
+    external = None
+    if cfg.refl_reflector == "lm":
+        from ..llm.judge import LM_REFLECTION, LMReflectorPass
+
+        hooks.append(LMReflectorPass(cfg.reflector_report, cfg.reflector_model, cfg.reflector_max_new_tokens,
+                                     cfg.refl_every))
+        external = LM_REFLECTION.split("/", 1)[1]
 
     def build(trainer: Any) -> list[MethodRunner]:
-        return [MethodRunner(ExGRPOSeed(trainer.policy.hidden_size, cfg.rows, cfg, method_seed(cfg.seed, 14)))]
+        return [MethodRunner(ExGRPOSeed(trainer.policy.hidden_size, cfg.rows, cfg, method_seed(cfg.seed, 14),
+                                        external=external))]
 
-    return build
+    return hooks, build
 
 
 REFGRPO_DEFAULTS: dict[str, Any] = {"self_report": "reflect", "clip_high": 0.28,

@@ -1,0 +1,97 @@
+"""The language-model reflector of exgrpo-seed (seed 003: "a large language model or a dedicated reflection
+network analyses the trajectories"): a local causal LM reads each completed episode and grades it; its answer,
+parsed to [-1, 1], is the episode's reflection ``r_refl``.
+
+The grader is the policy itself (its current weights, no gradient) or another model (``--reflector-model PATH``,
+frozen). Its prompt is the episode exactly as the agent saw it (the task's prompt, the agent's turns and the
+environment's replies) followed by the self-report question of :mod:`reflectrl.tasks.selfreport`
+(``--reflector-report reflect``: "solved or unsolved?", graded +1 / -1; ``confidence``: a probability q,
+graded 2q - 1). It answers greedily (no random stream is drawn), in batches of ``gen_batch`` rows, every
+``--refl-every`` updates; a missing or malformed answer grades NaN (no term) and is counted. The grades go to
+``batch.extras["row/lm_reflection"]``, which the method reads as ``StepBatch.info["lm_reflection"]``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from ..tasks.selfreport import QUESTIONS, parse_report
+from .batch import TokenBatch
+from .engines import TorchSampler
+from .grpo import GRPOHook
+from .policy import Policy, load_policy
+from .rollout import decode_batch
+
+LM_REFLECTION = "row/lm_reflection"
+
+
+def grade(kind: str, text: Any) -> float:
+    """A grader's answer as a reflection in [-1, 1]: ``reflect``: solved +1, unsolved -1; ``confidence``: 2q - 1;
+    NaN when the answer is missing or malformed."""
+    report = parse_report(kind, text)
+    if report is None:
+        return math.nan
+    return 2.0 * float(report) - 1.0
+
+
+class LMReflectorPass(GRPOHook):
+    """Grades every episode of a batch with a causal LM every ``every`` updates (see the module docstring)."""
+
+    def __init__(self, kind: str = "reflect", model: str = "", max_new_tokens: int = 16, every: int = 1):
+        self.kind, self.model_path, self.max_new_tokens, self.every = kind, model, int(max_new_tokens), int(every)
+        self.judge: Policy | None = None  # None: the policy itself
+        self.seconds, self.graded, self.malformed = 0.0, 0, 0
+        self.last_texts: list[str] = []
+
+    def setup(self, trainer: Any) -> None:
+        if self.model_path:
+            self.judge = load_policy(self.model_path, device=str(trainer.policy.device))
+            self.judge.model.eval().requires_grad_(False)
+
+    def prompts(self, trainer: Any, batch: TokenBatch) -> list[list[int]]:
+        """Each row's grading prompt in the grader's tokens: the episode as the agent saw it, then the question."""
+        pol = trainer.policy
+        contexts = [batch.prompt_ids[r][batch.prompt_mask[r]].tolist() + batch.response_ids[r][
+            batch.response_attention[r]].tolist() for r in range(batch.rows)]
+        question = QUESTIONS[self.kind]
+        if self.judge is None:
+            q = pol.tokenizer(question, add_special_tokens=False)["input_ids"]
+            return [c + q for c in contexts]
+        texts = pol.tokenizer.batch_decode(contexts, skip_special_tokens=True)
+        tok = self.judge.tokenizer
+        return [tok(t + question, add_special_tokens=True)["input_ids"] for t in texts]
+
+    @torch.no_grad()
+    def after_prepare(self, trainer: Any, batch: TokenBatch) -> None:
+        self.graded = self.malformed = 0
+        if trainer.update_idx % self.every != 0 or batch.rows == 0:
+            return
+        t0 = time.perf_counter()
+        judge = self.judge or trainer.policy
+        prompts = self.prompts(trainer, batch)
+        sampler = TorchSampler(judge)
+        step = max(1, trainer.cfg.gen_batch)
+        was = judge.training
+        judge.eval()
+        texts: list[str] = []
+        unused = torch.Generator()  # greedy decoding draws nothing
+        eos = set(judge.eos_ids)
+        for s in range(0, len(prompts), step):
+            ids = sampler.generate(prompts[s:s + step], self.max_new_tokens, unused, greedy=True)
+            texts += decode_batch(judge.tokenizer, [[t for t in row if t not in eos] for row in ids])
+        judge.train(was)
+        scores = torch.tensor([grade(self.kind, t) for t in texts], dtype=torch.float32)
+        batch.extras[LM_REFLECTION] = scores
+        self.last_texts = texts
+        self.graded, self.malformed = len(texts), int(scores.isnan().sum())
+        self.seconds = time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        if not self.graded:
+            return {}
+        return {"time/reflector_lm": self.seconds, "exgrpo/lm_graded": float(self.graded),
+                "exgrpo/lm_malformed_frac": self.malformed / self.graded}

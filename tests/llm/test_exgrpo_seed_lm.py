@@ -120,3 +120,32 @@ def test_bad_reflector_options_give_one_clear_error(tiny_dir, tmp_path):
         _cfg(tiny_dir, tmp_path, "y", refl_reflector="network", reflector_model=str(tiny_dir)).validate()
     with pytest.raises(ConfigError, match="reflector-max-new-tokens"):
         _cfg(tiny_dir, tmp_path, "z", reflector_max_new_tokens=0).validate()
+
+
+@pytest.mark.parametrize("credit", ["terminal", "advantage"])
+def test_whole_rows_give_the_episodes_and_term_of_the_assembler(credit):
+    """The LLM's whole rows are read off row by row; on a first batch the stream path (the assembler) cuts the
+    same episodes, so both give the same pooled states, returns and shaping, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    R, T, F = 6, 5, 4
+    lengths = torch.tensor([5, 2, 3, 1, 4, 2])
+    mask = (torch.arange(T) < lengths[:, None]).float()
+    end = torch.zeros(R, T, dtype=torch.bool)
+    end[torch.arange(R), lengths - 1] = True
+    z = torch.zeros(R, T)
+    sb = StepBatch(states=torch.randn(R, T, F, generator=g), features=torch.zeros(R, T, F),
+                   rewards=torch.randn(R, T, generator=g) * mask, values=z, advantages=z, returns=z, episode_end=end,
+                   terminated=end, next_values=z, mask=mask, info={"lm_reflection": torch.rand(R, generator=g) * 2 - 1})
+    out = []
+    for whole in (True, False):
+        opts = ExGRPOSeedOptions(refl_coef_start=0.3, refl_coef_end=0.3, refl_coef_ramp=0.0, refl_credit=credit)
+        m = ExGRPOSeed(F, R, opts, seed=0, external="lm_reflection")
+        m.rm.memory.add(pooled=torch.randn(8, F, generator=torch.Generator().manual_seed(1)), returns=torch.arange(8.0))
+        sb.whole_rows = whole
+        sh = m.shape(sb)
+        out.append((m._new, sh.reward_delta if credit == "terminal" else sh.advantage_delta))
+    (new_w, delta_w), (new_s, delta_s) = out
+    assert torch.equal(new_w[0], new_s[0]) and torch.equal(new_w[1], new_s[1])
+    assert torch.equal(delta_w, delta_s) and bool((delta_w != 0).any())
+    if credit == "advantage":
+        assert torch.equal(delta_w != 0, mask.bool())  # every step of each episode, nothing after it

@@ -331,31 +331,58 @@ class ExGRPOSeed:
         self._new: tuple[Tensor, Tensor] | None = None
         self._metrics: dict[str, float] = {}
 
+    def _episodes(self, batch: StepBatch) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The trajectories the batch completed: ``rows [N]``, first and last ``steps [N]`` in the batch, mean-pooled
+        ``states [N, F]`` and ``returns [N]``. Whole rows (the LLM) are read off directly, row by row; streams
+        (control) go through the assembler, which joins episodes across batches."""
+        if batch.whole_rows:
+            T = batch.episode_end.shape[1]
+            last = torch.where(batch.episode_end, torch.arange(T), torch.full_like(batch.episode_end, -1, dtype=torch.long))
+            ends = last.amax(1)
+            rows = (ends >= 0).nonzero().squeeze(1)
+            ends = ends[rows]
+            lengths = (ends + 1).tolist()
+            states, rewards = batch.states.unbind(0), batch.rewards.unbind(0)
+            pick = rows.tolist()
+            pooled = [states[r][:n].mean(0) for r, n in zip(pick, lengths)]
+            returns = [rewards[r][:n].sum() for r, n in zip(pick, lengths)]
+            starts = torch.zeros_like(ends)
+        else:
+            episodes = self.assembler.add(batch.episode_end, states=batch.states, rewards=batch.rewards)
+            rows = torch.tensor([ep.row for ep in episodes], dtype=torch.long)
+            ends = torch.tensor([ep.end_step for ep in episodes], dtype=torch.long)
+            starts = (ends - torch.tensor([len(ep) for ep in episodes], dtype=torch.long) + 1).clamp_min(0)
+            pooled = [ep.data["states"].mean(0) for ep in episodes]
+            returns = [ep.data["rewards"].sum() for ep in episodes]
+        if not pooled:
+            return rows, starts, ends, torch.zeros(0, batch.states.shape[-1]), torch.zeros(0)
+        return rows, starts, ends, torch.stack(pooled), torch.stack(returns)
+
     def shape(self, batch: StepBatch) -> Shaping:
-        episodes = self.assembler.add(batch.episode_end, batch.whole_rows, states=batch.states, rewards=batch.rewards)
-        if not episodes:
+        rows, starts, ends, pooled, returns = self._episodes(batch)
+        if rows.numel() == 0:
             self._new = None
             self._metrics = {}
             return Shaping()
-        pooled = torch.stack([ep.data["states"].mean(0) for ep in episodes])
-        self._new = (pooled, torch.stack([ep.data["rewards"].sum() for ep in episodes]))
+        self._new = (pooled, returns)
         if self.external is not None:
             if self.external not in batch.info:  # not graded this update
                 self._metrics = {}
                 return Shaping()
-            grades = batch.info[self.external][torch.tensor([ep.row for ep in episodes])]
-            term, self._metrics = self.rm.weigh(grades[:, None], batch.progress)
+            term, self._metrics = self.rm.weigh(batch.info[self.external][rows][:, None], batch.progress)
         else:
             term, self._metrics = self.rm.signal(pooled, batch.progress)
             if not self.rm.ready:
                 return Shaping()
+        term = term.to(batch.rewards.dtype)
         delta = torch.zeros_like(batch.rewards)
-        for ep, v in zip(episodes, term.tolist()):
-            if self.o.refl_credit == "terminal":
-                delta[ep.row, ep.end_step] += v
-            else:
-                delta[ep.row, max(0, ep.end_step - len(ep) + 1):ep.end_step + 1] += v
-        return Shaping(reward_delta=delta) if self.o.refl_credit == "terminal" else Shaping(advantage_delta=delta)
+        if self.o.refl_credit == "terminal":
+            delta.index_put_((rows, ends), term, accumulate=True)
+            return Shaping(reward_delta=delta)
+        steps = torch.arange(batch.rewards.shape[1])
+        span = (steps >= starts[:, None]) & (steps <= ends[:, None])  # [N, T]: each trajectory's steps in this batch
+        delta.index_add_(0, rows, term[:, None] * span.to(delta.dtype))
+        return Shaping(advantage_delta=delta)
 
     def fit(self, batch: StepBatch) -> None:
         if self._new is not None:

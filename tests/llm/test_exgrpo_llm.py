@@ -120,6 +120,40 @@ def test_a_replayed_group_holds_one_stored_row_on_the_shaped_loss(tiny_dir, tmp_
     assert "exgrpo/picked_entropy" in hook.metrics()
 
 
+def test_the_entropy_pick_takes_the_lowest_mean_not_the_lowest_sum(tiny_dir, tmp_path, monkeypatch):
+    """Hand case: trajectory A has 3 tokens of entropy 1.0 (mean 1.0, sum 3.0), B 1 token of 1.5 (mean 1.5, sum 1.5),
+    C 2 tokens of 2.0; the pick is A (lowest mean token entropy); with --exgrpo-pick random it follows the hook's
+    own generator."""
+    t = get_algo("llm", "exgrpo").make(_cfg(tiny_dir, tmp_path, "pick"))
+    hook = t.hooks[0]
+    base = {"prompt_ids": [5, 6], "turn_ids": None, "score": 1.0, "correct": True, "truncated": False, "index": 0,
+            "transcript": [], "infos": []}
+
+    def rec(n: int, tag: int) -> dict:
+        return {**base, "response_ids": [tag] * n, "completion_mask": [True] * n, "turn_ids": [0] * n,
+                "token_rewards": [0.0] * (n - 1) + [1.0], "logp": [-1.0] * n}
+
+    hook.buffer["q"] = [rec(3, 7), rec(1, 8), rec(2, 9)]
+    level = {7: 1.0, 8: 1.5, 9: 2.0}
+
+    class Out:
+        def __init__(self, entropy):
+            self.entropy = entropy
+
+    def fake_forward(batch, with_entropy=False, **kw):
+        first = batch.response_ids[:, 0].tolist()
+        return Out(torch.tensor([level[f] for f in first])[:, None] * batch.completion_mask.float())
+
+    monkeypatch.setattr(t.policy, "forward_batch", fake_forward)
+    picked = hook.pick(t, ["q"])
+    assert picked["q"]["response_ids"] == [7, 7, 7]
+    assert hook._metrics["exgrpo/picked_entropy"] == pytest.approx(1.0)
+    hook.o.exgrpo_pick = "random"
+    state = hook.gen.get_state()
+    draw = int(torch.randint(3, (1,), generator=torch.Generator().set_state(state)))
+    assert hook.pick(t, ["q"])["q"] is hook.buffer["q"][draw]
+
+
 @pytest.fixture(scope="module")
 def warm_dir(tiny_dir, tmp_path_factory):
     """The tiny model after a short warm-up on toy-add: it solves some problems, so experience accumulates."""

@@ -16,10 +16,10 @@ on a model warmed up with ``--self-report inline``, whose answers carry the tag)
 Four rows without a bar split the asked self-report's cost in two: ``grpo-reflect`` / ``grpo-confidence`` is GRPO
 asking the same question after each episode (the turn trained, no bonus) against plain GRPO, the turn's own cost;
 ``refgrpo@asked`` / ``rlcr@asked`` is the method against that GRPO, what the method adds beyond its turn.
-``exgrpo-seed-adv`` is exgrpo-seed with ``--refl-credit advantage``; ``exgrpo-seed-lm`` the same with the
-language-model reflector (``--refl-reflector lm``: the policy grades every episode), against GRPO and
-(``@network``) against ``exgrpo-seed-adv``. A subset of rows (``--methods``) is best written to a results file of
-its own, since the file holds the rows of one run.
+``exgrpo-seed-terminal`` is exgrpo-seed with ``--refl-credit terminal`` (its LLM default before this version);
+``exgrpo-seed-lm`` is exgrpo-seed with the language-model reflector (``--refl-reflector lm``: the policy grades every
+episode), against GRPO and (``@network``) against exgrpo-seed's network reflector. A subset of rows
+(``--methods``) is best written to a results file of its own, since the file holds the rows of one run.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ RUNS = {  # label: (algo, extra options) of one training run per round
     "gear": ("gear", {}),
     "exgrpo": ("exgrpo", {"exgrpo_start_rate": 0.0}),
     "exgrpo-seed": ("exgrpo-seed", {}),
-    "exgrpo-seed-adv": ("exgrpo-seed", {"refl_credit": "advantage"}),
-    "exgrpo-seed-lm": ("exgrpo-seed", {"refl_credit": "advantage", "refl_reflector": "lm"}),
+    "exgrpo-seed-terminal": ("exgrpo-seed", {"refl_credit": "terminal"}),
+    "exgrpo-seed-lm": ("exgrpo-seed", {"refl_reflector": "lm"}),
 }
 METHODS = {  # row label: (run, baseline run, bar; None: a decomposition row without a bar)
     "refgrpo": ("refgrpo", "grpo", 1.05),
@@ -61,11 +61,11 @@ METHODS = {  # row label: (run, baseline run, bar; None: a decomposition row wit
     "gear": ("gear", "grpo", 1.35),
     "exgrpo": ("exgrpo", "drgrpo", 1.10),
     "exgrpo-seed": ("exgrpo-seed", "grpo", 1.10),
-    "exgrpo-seed-adv": ("exgrpo-seed-adv", "grpo", 1.10),
+    "exgrpo-seed-terminal": ("exgrpo-seed-terminal", "grpo", None),
     # the language-model reflector (the policy grading each episode), reported apart: against GRPO, and against
-    # the network reflector of the same credit (what the grader adds)
+    # the network reflector (what the grader adds)
     "exgrpo-seed-lm": ("exgrpo-seed-lm", "grpo", None),
-    "exgrpo-seed-lm@network": ("exgrpo-seed-lm", "exgrpo-seed-adv", None),
+    "exgrpo-seed-lm@network": ("exgrpo-seed-lm", "exgrpo-seed", None),
     # the asked turn's own cost against the method's: GRPO asking the same question, without a bonus
     "grpo-reflect": ("grpo-reflect", "grpo", None),
     "refgrpo@asked": ("refgrpo", "grpo-reflect", None),

@@ -149,3 +149,20 @@ def test_whole_rows_give_the_episodes_and_term_of_the_assembler(credit):
     assert torch.equal(delta_w, delta_s) and bool((delta_w != 0).any())
     if credit == "advantage":
         assert torch.equal(delta_w != 0, mask.bool())  # every step of each episode, nothing after it
+
+
+def test_the_llm_default_credit_enters_after_the_group_normalization():
+    """On GRPO a terminal reward is std-normalized with the group (a full-size advantage in a group that scored
+    alike), so the LLM form defaults to the advantage credit; the control form keeps the terminal one."""
+    llm = get_algo("llm", "exgrpo-seed").config(task="toy-add", model="unused")
+    assert llm.refl_credit == "advantage" and get_algo("control", "exgrpo-seed").config().refl_credit == "terminal"
+    R, T = 2, 3
+    end = torch.zeros(R, T, dtype=torch.bool)
+    end[:, 2] = True
+    z = torch.zeros(R, T)
+    sb = StepBatch(states=torch.randn(R, T, 3), features=z[..., None], rewards=end.float(), values=z, advantages=z,
+                   returns=z, episode_end=end, terminated=end, next_values=z, mask=torch.ones(R, T), whole_rows=True,
+                   progress=1.0, info={"lm_reflection": torch.tensor([1.0, -1.0])})
+    sh = ExGRPOSeed(3, R, llm, seed=0, external="lm_reflection").shape(sb)
+    assert sh.reward_delta is None and sh.advantage_delta is not None
+    assert torch.equal(sh.advantage_delta[0] > 0, torch.ones(T, dtype=torch.bool))

@@ -132,6 +132,10 @@ class ExGRPOSeedLLMConfig(ExGRPOSeedOptions, GRPOConfig):
     states), a reflection network in [-1, 1] trained on their return ranks, and R + lambda * r_refl; or a
     language-model reflector that grades each episode (--refl-reflector lm)."""
 
+    refl_credit: Literal["terminal", "advantage"] = "advantage"
+    """Add the trajectory term to each of its tokens' advantage, after GRPO's group normalization (the LLM's
+    default), or to its last token's reward, before it (terminal: in a group whose completions all scored alike
+    the std normalization then makes the term a full-size advantage; BENCHMARKS.md, "Learning from experience")."""
     refl_reflector: Literal["network", "lm"] = "network"
     """Who reflects: the reflection network on mean-pooled hidden states, or a causal LM that reads each episode
     and grades it (every --refl-every updates; the updates between get no reflection term)."""

@@ -49,6 +49,24 @@ def test_the_grader_reads_the_episode_then_the_question(tiny_dir, tmp_path):
     assert any(" no;" in tok.decode(batch.response_ids[r]) for r in range(batch.rows))  # feedback is in context
 
 
+def test_an_episode_past_the_graders_position_limit_is_not_graded(tiny_dir, tmp_path):
+    t = get_algo("llm", "exgrpo-seed").make(_cfg(tiny_dir, tmp_path, "long"))
+    hook = t.hooks[0]
+    batch, _ = t.rollout.run(t.next_problems(2), 4, t.gen)
+    own = hook.prompts
+    hook.prompts = lambda tr, b: [p + p[-1:] * (40 * (i % 2)) for i, p in enumerate(own(tr, b))]  # odd rows longer
+    lengths = [len(p) for p in hook.prompts(t, batch)]
+    limit = t.policy.config.max_position_embeddings
+    hook.max_new_tokens = limit - min(lengths)  # only the shortest prompts still fit
+    t.update_idx = 1
+    hook.after_prepare(t, batch)
+    grades = batch.extras[LM_REFLECTION]
+    skipped = torch.tensor([n + hook.max_new_tokens > limit for n in lengths])
+    assert bool(skipped.any()) and bool((~skipped).any())
+    assert bool(grades[skipped].isnan().all())
+    assert hook.metrics()["exgrpo/lm_too_long_frac"] == float(skipped.float().mean())
+
+
 def test_the_term_of_external_grades_on_a_hand_made_batch():
     opts = ExGRPOSeedOptions(refl_coef_start=0.2, refl_coef_end=0.2, refl_coef_ramp=0.0, refl_scale="none")
     m = ExGRPOSeed(3, 4, opts, seed=0, external="lm_reflection")

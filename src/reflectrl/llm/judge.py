@@ -7,7 +7,8 @@ frozen). Its prompt is the episode exactly as the agent saw it (the task's promp
 environment's replies) followed by the self-report question of :mod:`reflectrl.tasks.selfreport`
 (``--reflector-report reflect``: "solved or unsolved?", graded +1 / -1; ``confidence``: a probability q,
 graded 2q - 1). It answers greedily (no random stream is drawn), in batches of ``gen_batch`` rows, every
-``--refl-every`` updates; a missing or malformed answer grades NaN (no term) and is counted. The grades go to
+``--refl-every`` updates; a missing or malformed answer grades NaN (no term) and is counted, and so is an episode
+whose prompt and answer budget would pass the grader's position limit (it is not graded). The grades go to
 ``batch.extras["row/lm_reflection"]``, which the method reads as ``StepBatch.info["lm_reflection"]``.
 """
 
@@ -44,7 +45,7 @@ class LMReflectorPass(GRPOHook):
     def __init__(self, kind: str = "reflect", model: str = "", max_new_tokens: int = 16, every: int = 1):
         self.kind, self.model_path, self.max_new_tokens, self.every = kind, model, int(max_new_tokens), int(every)
         self.judge: Policy | None = None  # None: the policy itself
-        self.seconds, self.graded, self.malformed = 0.0, 0, 0
+        self.seconds, self.graded, self.malformed, self.too_long = 0.0, 0, 0, 0
         self.last_texts: list[str] = []
 
     def setup(self, trainer: Any) -> None:
@@ -73,6 +74,9 @@ class LMReflectorPass(GRPOHook):
         t0 = time.perf_counter()
         judge = self.judge or trainer.policy
         prompts = self.prompts(trainer, batch)
+        limit = getattr(judge.config, "max_position_embeddings", None) or getattr(judge.config, "n_positions", None)
+        fits = [limit is None or len(p) + self.max_new_tokens <= int(limit) for p in prompts]
+        todo = [p for p, ok in zip(prompts, fits) if ok]
         sampler = TorchSampler(judge)
         step = max(1, trainer.cfg.gen_batch)
         was = judge.training
@@ -80,18 +84,20 @@ class LMReflectorPass(GRPOHook):
         texts: list[str] = []
         unused = torch.Generator()  # greedy decoding draws nothing
         eos = set(judge.eos_ids)
-        for s in range(0, len(prompts), step):
-            ids = sampler.generate(prompts[s:s + step], self.max_new_tokens, unused, greedy=True)
+        for s in range(0, len(todo), step):
+            ids = sampler.generate(todo[s:s + step], self.max_new_tokens, unused, greedy=True)
             texts += decode_batch(judge.tokenizer, [[t for t in row if t not in eos] for row in ids])
         judge.train(was)
-        scores = torch.tensor([grade(self.kind, t) for t in texts], dtype=torch.float32)
+        answers = iter(texts)
+        self.last_texts = [next(answers) if ok else "" for ok in fits]  # an episode too long to grade: no answer
+        scores = torch.tensor([grade(self.kind, t) if ok else math.nan for t, ok in zip(self.last_texts, fits)],
+                              dtype=torch.float32)
         batch.extras[LM_REFLECTION] = scores
-        self.last_texts = texts
-        self.graded, self.malformed = len(texts), int(scores.isnan().sum())
+        self.graded, self.malformed, self.too_long = len(prompts), int(scores.isnan().sum()), fits.count(False)
         self.seconds = time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float]:
         if not self.graded:
             return {}
         return {"time/reflector_lm": self.seconds, "exgrpo/lm_graded": float(self.graded),
-                "exgrpo/lm_malformed_frac": self.malformed / self.graded}
+                "exgrpo/lm_malformed_frac": self.malformed / self.graded, "exgrpo/lm_too_long_frac": self.too_long / self.graded}

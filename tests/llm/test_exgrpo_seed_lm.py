@@ -142,8 +142,9 @@ def test_bad_reflector_options_give_one_clear_error(tiny_dir, tmp_path):
 
 @pytest.mark.parametrize("credit", ["terminal", "advantage"])
 def test_whole_rows_give_the_episodes_and_term_of_the_assembler(credit):
-    """The LLM's whole rows are read off row by row; on a first batch the stream path (the assembler) cuts the
-    same episodes, so both give the same pooled states, returns and shaping, bit for bit."""
+    """The assembler's whole-row path (the LLM: padding after an episode is not a next episode) cuts a first batch
+    into the same episodes as its stream path, so both give the same pooled states, returns and shaping, bit for
+    bit; the term is placed on each episode's steps and nowhere else."""
     g = torch.Generator().manual_seed(3)
     R, T, F = 6, 5, 4
     lengths = torch.tensor([5, 2, 3, 1, 4, 2])

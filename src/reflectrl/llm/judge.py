@@ -27,7 +27,9 @@ from .grpo import GRPOHook
 from .policy import Policy, load_policy
 from .rollout import decode_batch
 
-LM_REFLECTION = "row/lm_reflection"
+INFO_KEY = "lm_reflection"
+"""The grades' name in ``StepBatch.info``."""
+LM_REFLECTION = "row/" + INFO_KEY
 
 
 def grade(kind: str, text: Any) -> float:
@@ -68,7 +70,7 @@ class LMReflectorPass(GRPOHook):
 
     @torch.no_grad()
     def after_prepare(self, trainer: Any, batch: TokenBatch) -> None:
-        self.graded = self.malformed = 0
+        self.graded = self.malformed = self.too_long = 0
         if trainer.update_idx % self.every != 0 or batch.rows == 0:
             return
         t0 = time.perf_counter()

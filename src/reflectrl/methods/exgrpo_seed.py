@@ -332,31 +332,16 @@ class ExGRPOSeed:
         self._metrics: dict[str, float] = {}
 
     def _episodes(self, batch: StepBatch) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """The trajectories the batch completed: ``rows [N]``, first and last ``steps [N]`` in the batch, mean-pooled
-        ``states [N, F]`` and ``returns [N]``. Whole rows (the LLM) are read off directly, row by row; streams
-        (control) go through the assembler, which joins episodes across batches."""
-        if batch.whole_rows:
-            T = batch.episode_end.shape[1]
-            last = torch.where(batch.episode_end, torch.arange(T), torch.full_like(batch.episode_end, -1, dtype=torch.long))
-            ends = last.amax(1)
-            rows = (ends >= 0).nonzero().squeeze(1)
-            ends = ends[rows]
-            lengths = (ends + 1).tolist()
-            states, rewards = batch.states.unbind(0), batch.rewards.unbind(0)
-            pick = rows.tolist()
-            pooled = [states[r][:n].mean(0) for r, n in zip(pick, lengths)]
-            returns = [rewards[r][:n].sum() for r, n in zip(pick, lengths)]
-            starts = torch.zeros_like(ends)
-        else:
-            episodes = self.assembler.add(batch.episode_end, states=batch.states, rewards=batch.rewards)
-            rows = torch.tensor([ep.row for ep in episodes], dtype=torch.long)
-            ends = torch.tensor([ep.end_step for ep in episodes], dtype=torch.long)
-            starts = (ends - torch.tensor([len(ep) for ep in episodes], dtype=torch.long) + 1).clamp_min(0)
-            pooled = [ep.data["states"].mean(0) for ep in episodes]
-            returns = [ep.data["rewards"].sum() for ep in episodes]
-        if not pooled:
+        """The trajectories the batch completed (the assembler joins a control stream's episodes across batches):
+        ``rows [N]``, first and last ``steps [N]`` in the batch, mean-pooled ``states [N, F]`` and ``returns [N]``."""
+        episodes = self.assembler.add(batch.episode_end, batch.whole_rows, states=batch.states, rewards=batch.rewards)
+        rows = torch.tensor([ep.row for ep in episodes], dtype=torch.long)
+        ends = torch.tensor([ep.end_step for ep in episodes], dtype=torch.long)
+        starts = (ends - torch.tensor([len(ep) for ep in episodes], dtype=torch.long) + 1).clamp_min(0)
+        if not episodes:
             return rows, starts, ends, torch.zeros(0, batch.states.shape[-1]), torch.zeros(0)
-        return rows, starts, ends, torch.stack(pooled), torch.stack(returns)
+        return (rows, starts, ends, torch.stack([ep.data["states"].mean(0) for ep in episodes]),
+                torch.stack([ep.data["rewards"].sum() for ep in episodes]))
 
     def shape(self, batch: StepBatch) -> Shaping:
         rows, starts, ends, pooled, returns = self._episodes(batch)

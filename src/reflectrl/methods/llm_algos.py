@@ -173,11 +173,11 @@ def exgrpo_seed_llm_parts(cfg: ExGRPOSeedLLMConfig) -> tuple[list[Any], Any]:
     hooks: list[Any] = []
     external = None
     if cfg.refl_reflector == "lm":
-        from ..llm.judge import LM_REFLECTION, LMReflectorPass
+        from ..llm.judge import INFO_KEY, LMReflectorPass
 
         hooks.append(LMReflectorPass(cfg.reflector_report, cfg.reflector_model, cfg.reflector_max_new_tokens,
                                      cfg.refl_every))
-        external = LM_REFLECTION.split("/", 1)[1]
+        external = INFO_KEY
 
     def build(trainer: Any) -> list[MethodRunner]:
         return [MethodRunner(ExGRPOSeed(trainer.policy.hidden_size, cfg.rows, cfg, method_seed(cfg.seed, 14),

@@ -10,7 +10,7 @@ import torch
 
 from reflectrl.algos import get_algo, resume
 from reflectrl.errors import ConfigError, ReflectRLError
-from reflectrl.llm.judge import LM_REFLECTION, grade
+from reflectrl.llm.judge import LM_REFLECTION, agreement, grade
 from reflectrl.methods.base import StepBatch
 from reflectrl.methods.exgrpo_seed import ExGRPOSeed, ExGRPOSeedOptions
 from reflectrl.runlog import behaviour, read_metrics
@@ -34,6 +34,13 @@ def test_grades_on_hand_cases():
     for kind, text in (("reflect", "maybe"), ("reflect", ""), ("reflect", None), ("confidence", "1.5"),
                        ("confidence", "sure")):
         assert math.isnan(grade(kind, text)), (kind, text)
+
+
+def test_agreement_with_the_outcome_on_hand_cases():
+    grades = torch.tensor([1.0, -1.0, math.nan, 0.5, -0.2, 0.0])
+    correct = torch.tensor([True, True, False, False, False, False])
+    assert agreement(grades, correct) == pytest.approx(0.6)  # rows 0, 4 and 5 agree, 1 and 3 do not, 2 is not graded
+    assert math.isnan(agreement(torch.full((3,), math.nan), torch.ones(3, dtype=torch.bool)))
 
 
 def test_the_grader_reads_the_episode_then_the_question(tiny_dir, tmp_path):
@@ -95,6 +102,9 @@ def test_grading_every_n_updates(tiny_dir, tmp_path):
     recs = read_metrics(tmp_path / "every" / "metrics.jsonl")
     assert [("exgrpo/lm_graded" in r, "exgrpo/refl_mean" in r) for r in recs] == [(False, False), (True, True)] * 2
     assert recs[1]["exgrpo/lm_graded"] == 16 and 0 <= recs[1]["exgrpo/lm_malformed_frac"] <= 1
+    b = t.last_batch
+    want = agreement(b.extras[LM_REFLECTION], b.correct)
+    assert recs[-1].get("exgrpo/lm_agreement", math.nan) == want or math.isnan(want)
     assert LM_REFLECTION in t.last_batch.extras
 
 

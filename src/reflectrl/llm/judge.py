@@ -8,7 +8,9 @@ environment's replies) followed by the self-report question of :mod:`reflectrl.t
 (``--reflector-report reflect``: "solved or unsolved?", graded +1 / -1; ``confidence``: a probability q,
 graded 2q - 1). It answers greedily (no random stream is drawn), in batches of ``gen_batch`` rows, every
 ``--refl-every`` updates; a missing or malformed answer grades NaN (no term) and is counted, and so is an episode
-whose prompt and answer budget would pass the grader's position limit (it is not graded). The grades go to
+whose prompt and answer budget would pass the grader's position limit (it is not graded). ``exgrpo/lm_agreement`` is
+the share of the validly graded episodes whose grade agrees with their outcome (a grade above 0 on a right
+episode, at or below 0 on a wrong one). The grades go to
 ``batch.extras["row/lm_reflection"]``, which the method reads as ``StepBatch.info["lm_reflection"]``.
 """
 
@@ -41,6 +43,15 @@ def grade(kind: str, text: Any) -> float:
     return 2.0 * float(report) - 1.0
 
 
+def agreement(grades: torch.Tensor, correct: torch.Tensor) -> float:
+    """The share of the episodes with a grade (``grades [R]``, NaN: none) whose grade agrees with their outcome
+    (``correct [R]``): above 0 on a right episode, at or below 0 on a wrong one; NaN when none is graded."""
+    valid = ~grades.isnan()
+    if not bool(valid.any()):
+        return math.nan
+    return float(((grades[valid] > 0) == correct[valid].bool()).float().mean())
+
+
 class LMReflectorPass(GRPOHook):
     """Grades every episode of a batch with a causal LM every ``every`` updates (see the module docstring)."""
 
@@ -48,6 +59,7 @@ class LMReflectorPass(GRPOHook):
         self.kind, self.model_path, self.max_new_tokens, self.every = kind, model, int(max_new_tokens), int(every)
         self.judge: Policy | None = None  # None: the policy itself
         self.seconds, self.graded, self.malformed, self.too_long = 0.0, 0, 0, 0
+        self.agreement = math.nan  # share of the graded episodes whose grade's sign is their outcome
         self.last_texts: list[str] = []
 
     def setup(self, trainer: Any) -> None:
@@ -71,6 +83,7 @@ class LMReflectorPass(GRPOHook):
     @torch.no_grad()
     def after_prepare(self, trainer: Any, batch: TokenBatch) -> None:
         self.graded = self.malformed = self.too_long = 0
+        self.agreement = math.nan
         if trainer.update_idx % self.every != 0 or batch.rows == 0:
             return
         t0 = time.perf_counter()
@@ -96,10 +109,12 @@ class LMReflectorPass(GRPOHook):
                               dtype=torch.float32)
         batch.extras[LM_REFLECTION] = scores
         self.graded, self.malformed, self.too_long = len(prompts), int(scores.isnan().sum()), fits.count(False)
+        self.agreement = agreement(scores, batch.correct)
         self.seconds = time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float]:
         if not self.graded:
             return {}
         return {"time/reflector_lm": self.seconds, "exgrpo/lm_graded": float(self.graded),
-                "exgrpo/lm_malformed_frac": self.malformed / self.graded, "exgrpo/lm_too_long_frac": self.too_long / self.graded}
+                "exgrpo/lm_malformed_frac": self.malformed / self.graded, "exgrpo/lm_too_long_frac": self.too_long / self.graded,
+                **({} if math.isnan(self.agreement) else {"exgrpo/lm_agreement": self.agreement})}

@@ -67,7 +67,8 @@ def measure(dirs: list[Path], keys: list[str] | None = None) -> dict:
                    "method": d.parent.name, "eval_accuracy": ev.get("accuracy")}
         for key in keys or KEYS:
             default = 0.0 if key.startswith("exgrpo/bucket_") else float("nan")  # an empty bucket is not logged
-            vals = np.array([float(r.get(key, default)) for r in recs])
+            vals = np.array([float(v) if isinstance(v := r.get(key, default), (int, float)) else float("nan")
+                             for r in recs])  # null (nothing to measure that update): no value
             row[key] = [float(np.nanmean(vals[s])) if np.isfinite(vals[s]).any() else None for s in spans]
         runs.append(row)
     out = {"benchmark": "llm_learn_dynamics", "spans": SPANS, "runs": runs}

@@ -12,6 +12,7 @@ def test_spans_of_a_run(tmp_path):
     d = tmp_path / "rag_s1"
     (d / "grpo").mkdir(parents=True)
     recs = [{"update": i + 1, "accuracy": i / 10, "groups/zero_std_frac": 0.5} for i in range(10)]
+    recs[0]["groups/zero_std_frac"] = None  # logged as null: no value (the first span is the second update's)
     recs.insert(3, {"update": 3, "eval/accuracy": 0.3})  # a record without rollout metrics is left out
     (d / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (d / "result.json").write_text(json.dumps({"task": "rag", "seed": 1, "gain_points": 16.0}))

@@ -5,15 +5,15 @@
     python benchmarks/rag_reading.py --render rag_reading.json    # markdown (BENCHMARKS.md)
 
 For each ``benchmarks/llm_learn.py --task rag`` output folder, the warmed-up model (``DIR/warmup``) and the
-model after GRPO (``DIR/grpo``) play the first ``--limit`` held-out problems greedily (the recipe's task
-options, the task's turn budget), and each episode is split into its stages, read from the environment's
-per-step records and the transcript:
+model after GRPO (``DIR/grpo``) play the first ``--limit`` held-out problems greedily, as ``reflectrl llm eval``
+plays them (``evaluate_policy``, with the recipe's task options), and each episode is split into its stages,
+read from the environment's per-step records and the transcript:
 
 - ``query_names_entity``: the first search names the question's entity exactly (a whole word of the query);
   the oracle's first query is the entity and the relation;
 - ``gold_retrieved``: for a one-hop question, the reference answer is a word of what the first search
   returned (retrieval put the fact in the context);
-- ``read_right``: among those one-hop episodes, the share answered right (the model read the fact it had);
+- right when retrieved: among those one-hop episodes, the share answered right (the model read the fact it had);
 - ``answer_in_context``: among answered episodes, the share whose answer is a word of the retrieved text
   (copied from the context rather than produced from memory);
 - accuracy, overall and among episodes whose first query names the entity.
@@ -49,13 +49,12 @@ def episode_stages(problem: Any, infos: list[dict], transcript: list[tuple[str, 
     final = infos[-1] if infos else {}
     answer = str(final.get("answer", "")) if final.get("answered") else None
     names = bool(searches) and entity in words(str(searches[0].get("query", "")))
-    gold = None
-    if hops == 1 and searches:
-        gold = bool(set(WORD.findall(str(problem.answer))) <= words(first_reply)) and bool(WORD.findall(str(problem.answer)))
-    context = words(" ".join(replies))
+    gold_words = words(str(problem.answer))
+    gold = bool(gold_words) and gold_words <= words(first_reply) if hops == 1 and searches else None
+    said = words(answer) if answer is not None else set()
     return {"correct": bool(correct), "searched": bool(searches), "query_names_entity": names, "gold_retrieved": gold,
             "answered": answer is not None,
-            "answer_in_context": None if answer is None else bool(WORD.findall(answer)) and set(WORD.findall(answer)) <= context}
+            "answer_in_context": None if answer is None else bool(said) and said <= words(" ".join(replies))}
 
 
 def share(rows: list[dict], key: str, where: str | None = None) -> tuple[float | None, int]:
@@ -66,29 +65,17 @@ def share(rows: list[dict], key: str, where: str | None = None) -> tuple[float |
 def measure_model(model: Path, limit: int) -> dict:
     import torch
 
-    from reflectrl.llm.engines import make_engine
-    from reflectrl.llm.evaluate import load_for_eval
+    from reflectrl.llm.evaluate import evaluate_policy, load_for_eval
     from reflectrl.llm.recipes import recipe
-    from reflectrl.llm.rollout import Rollout
     from reflectrl.tasks.base import get_task, parse_options
 
     torch.set_num_threads(1)
     policy, _ = load_for_eval(model)
     task = get_task("rag", **parse_options(list(recipe("rag").task_options)))
-    problems = list(task.problems("heldout"))[:limit]
-    turns = int(task.max_turns)
-    n_tok = int(getattr(task, "max_new_tokens", 64))
-    ro = Rollout(policy, make_engine("torch", policy, 1.0), task, n_tok, turns, n_tok * turns * 2, 128, reward_workers=4)
-    policy.eval()
-    rows: list[dict] = []
-    try:
-        for s in range(0, len(problems), 512):  # the chunks of `reflectrl llm eval`
-            chunk = problems[s:s + 512]
-            batch, _ = ro.run(chunk, 1, torch.Generator().manual_seed(0), greedy=True)
-            for p, infos, tr, c in zip(chunk, batch.infos, batch.transcripts, batch.correct.tolist()):
-                rows.append(episode_stages(p, infos, tr, bool(c)))
-    finally:
-        ro.close()
+    by_id = {p.id: p for p in task.problems("heldout")}
+    ev = evaluate_policy(policy, task, "heldout", max_new_tokens=int(getattr(task, "max_new_tokens", 64)),
+                         limit=limit, transcripts=True)
+    rows = [episode_stages(by_id[e["problem"]], e["infos"], e["transcript"], e["correct"]) for e in ev["episodes"]]
     out: dict[str, Any] = {"n": len(rows)}
     for key, where in (("correct", None), ("query_names_entity", "searched"), ("gold_retrieved", None),
                        ("correct", "gold_retrieved"), ("answer_in_context", "answered"), ("correct", "query_names_entity")):

@@ -57,6 +57,11 @@ def test_per_problem_correctness_is_in_the_split_s_order(tiny_policy):
     s = evaluate_policy(tiny_policy, task, "heldout", samples=2, n=3, max_new_tokens=3, per_problem=True)
     assert s["per_problem"] == want
     assert "per_problem" not in evaluate_policy(tiny_policy, task, "heldout", max_new_tokens=3, limit=2)
+    t = evaluate_policy(tiny_policy, task, "heldout", max_new_tokens=3, transcripts=True, gen_batch=4)
+    assert [e["problem"] for e in t["episodes"]] == [p.id for p in task.problems("heldout")]
+    assert [float(e["correct"]) for e in t["episodes"]] == want
+    assert all(e["transcript"][0][0] == "prompt" and e["transcript"][-1][0] == "policy" for e in t["episodes"])
+    assert "episodes" not in g
 
 
 def test_warmup_then_eval_cli(tiny_dir, tmp_path, capsys):

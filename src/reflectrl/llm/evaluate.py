@@ -48,7 +48,8 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
                     temperature: float = 1.0, max_new_tokens: int = 64, max_turns: int | None = None,
                     max_response_tokens: int | None = None, limit: int | None = None, gen_batch: int = 128,
                     seed: int = 0, confidence: float = 0.95, engine: str = "torch",
-                    self_report: str | None = None, per_problem: bool = False) -> dict[str, Any]:
+                    self_report: str | None = None, per_problem: bool = False,
+                    transcripts: bool = False) -> dict[str, Any]:
     """Accuracy of ``policy`` on ``task``'s ``split``: greedy when ``samples == 0``; otherwise ``n``
     (default ``samples``) sampled completions per problem give pass@1 (as ``accuracy``) and pass@``samples``.
 
@@ -57,7 +58,9 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     calibration (:func:`reflectrl.eval.calibration.self_report_metrics`) and the per-rollout reports
     (``reports``: correct, reflection, confidence; null where missing). ``inline`` asks nothing and reads the
     confidence the final answer itself states (``<confidence>q</confidence>``: rlcr's inline form). ``per_problem``
-    adds ``per_problem``: each problem's share of right completions, in the split's order (greedy: 0 or 1)."""
+    adds ``per_problem``: each problem's share of right completions, in the split's order (greedy: 0 or 1).
+    ``transcripts`` adds ``episodes``: per rollout, in the split's order, its problem id, ``correct``, the
+    environment's per-step ``infos`` and the ``transcript`` (``(kind, text)`` turns)."""
     if self_report == "both":
         out = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
                               max_response_tokens, limit, gen_batch, seed, confidence, engine, "reflect", per_problem)
@@ -99,6 +102,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     scores = np.zeros((len(problems), per))
     finals: list[dict[str, Any]] = []
     episodes: list[tuple[list[dict[str, Any]], bool]] = []
+    kept: list[dict[str, Any]] = []
     try:
         step = max(1, gen_batch // per) * 4
         for s in range(0, len(problems), step):
@@ -108,6 +112,9 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
             scores[s:s + len(chunk)] = batch.scores.numpy().reshape(len(chunk), per)
             finals += [(rows[-1] if rows else {}) for rows in batch.infos]
             episodes += [(rows, bool(c)) for rows, c in zip(batch.infos, batch.correct.tolist())]
+            if transcripts:
+                kept += [{"problem": p.id, "correct": bool(c), "infos": rows, "transcript": tr} for p, rows, tr, c in
+                         zip(batch.problems, batch.infos, batch.transcripts, batch.correct.tolist())]
     finally:
         ro.close()
         policy.train(was_training)
@@ -118,6 +125,8 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     out.update(_episode_metrics(episodes))
     if per_problem:
         out["per_problem"] = correct.mean(1).tolist()
+    if transcripts:
+        out["episodes"] = kept
     if greedy:
         k = int(correct.sum())
         out.update(mode="greedy", accuracy=k / len(problems), ci=list(wilson_interval(k, len(problems), confidence)))

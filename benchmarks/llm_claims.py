@@ -37,6 +37,9 @@ LOWER = ("ece", "brier", "underconfidence", "overconfidence")
 TASK_LOWER = ("step_ece", "premature_rate")
 """Lower-is-better metrics that only some tasks' evaluations give (rag: the ECE of confidences stated along an
 episode, the share answered wrong after fewer searches than the question needs); a table row only where a run has one."""
+TASK_HIGHER = ("step_auroc",)
+"""Higher-is-better metrics of the same kind (rag: the AUROC of the confidences stated along an episode)."""
+UP = HIGHER + TASK_HIGHER
 NEUTRAL = ("tool_calls", "step_reports")
 """Behaviour with no better direction (searches or queries per episode, confidences stated per episode): means and
 the paired difference only."""
@@ -65,7 +68,7 @@ def compare(m: dict[int, dict], b: dict[int, dict], key: str) -> dict:
     x, y = x[ok], y[ok]
     if len(x) == 0:
         return {"n": 0}
-    better = (x, y) if key in HIGHER else (y, x)  # P(first > second) is P(method better); NEUTRAL keys: P unused
+    better = (x, y) if key in UP else (y, x)  # P(first > second) is P(method better); NEUTRAL keys: P unused
     p = probability_of_improvement_ci(*better) if len(x) >= 2 else (float("nan"),) * 3
     kept = [s for s, k in zip(seeds, ok) if k]
     d = x - y
@@ -86,7 +89,7 @@ def paired_verdict(c: dict, key: str, min_seeds: int) -> str:
         return "no CI"
     if key in NEUTRAL:
         return "higher" if lo > 0 else "lower" if hi < 0 else "level"
-    up, down = (lo > 0, hi < 0) if key in HIGHER else (hi < 0, lo > 0)
+    up, down = (lo > 0, hi < 0) if key in UP else (hi < 0, lo > 0)
     return "better" if up else "worse" if down else "level"
 
 
@@ -104,7 +107,7 @@ def paired_rows(result: dict, methods: list[str], min_seeds: int, keys: tuple[st
             d, lo, hi = c["paired_diff"]
             ci = f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else ""
             cells.append(f"{d:+.3f}{ci}: {paired_verdict(c, k, min_seeds)}")
-        reading = "no better direction" if k in NEUTRAL else f"{'higher' if k in HIGHER else 'lower'} is better"
+        reading = "no better direction" if k in NEUTRAL else f"{'higher' if k in UP else 'lower'} is better"
         rows.append(f"| {k} ({reading}) | " + " | ".join(cells) + " |")
     return rows
 
@@ -207,7 +210,7 @@ def main() -> None:
     base = load(a.out, a.task, a.baseline)
     runs_of = {m: load(a.out, a.task, m) for m in a.methods}
     present = lambda k: any(isinstance(e.get(k), (int, float)) for r in (base, *runs_of.values()) for e in r.values())
-    task_keys = tuple(k for k in TASK_LOWER if present(k))
+    task_keys = tuple(k for k in TASK_HIGHER + TASK_LOWER if present(k))
     keys = HIGHER + LOWER + task_keys
     neutral = tuple(k for k in NEUTRAL if present(k))
     result = {"task": a.task, "baseline": a.baseline, "out": str(a.out), "seeds_baseline": sorted(base),
@@ -224,7 +227,7 @@ def main() -> None:
         for k in keys:
             cells[k].append(f"{fmt(cmp[k])}: {'not lower: ' if k == 'accuracy' else ''}{verdicts[k]}")
     for k in keys:
-        rows.append(f"| {k} | {'higher' if k in HIGHER else 'lower'} | " + " | ".join(cells[k]) + " |")
+        rows.append(f"| {k} | {'higher' if k in UP else 'lower'} | " + " | ".join(cells[k]) + " |")
     rows.insert(0, f"Seeds paired with {a.baseline}: " + ", ".join(
         f"{m} {len(result['methods'][m]['seeds'])}" for m in a.methods) + ".\n")
     sk = ["", "| method | mean AUROC [95% CI] (> 0.5?) | reflection acc. - best constant [95% CI] (> 0?) |", "|---|---|---|"]

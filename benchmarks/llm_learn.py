@@ -33,11 +33,18 @@ from pathlib import Path
 MAX_NEW_TOKENS = {"arith": 6, "codegen": 40}
 
 
-def preset(task: str) -> dict:
+EPISODE_KEYS = ("tool_calls", "premature_rate", "step_reports", "step_ece", "step_auroc")
+
+
+def preset(task: str, task_options: tuple[str, ...] = ()) -> dict:
+    """The recipe's flags of each phase; ``task_options`` (KEY=VALUE) are added to the recipe's own (a later one wins)."""
+    import dataclasses
+
     from reflectrl.llm.recipes import recipe
     from reflectrl.tasks.base import get_task
 
     r = recipe(task)
+    r = dataclasses.replace(r, task_options=(*r.task_options, *task_options))
     return {"tiny": list(r.tiny), "warmup": [*r.warmup, *r.task_flags()], "warmup_target": r.warmup_target,
             "train": [*r.train, *r.task_flags()], "eval": list(r.task_flags("--set")),
             "max_new_tokens": MAX_NEW_TOKENS.get(task, int(getattr(get_task(task), "max_new_tokens", 32)))}
@@ -86,8 +93,12 @@ def main() -> None:
     ap.add_argument("--train-extra", default="",
                     help="flags appended to the recipe's training flags (a later flag wins), written with '=': "
                          "--train-extra='--group-size 16'")
+    ap.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a task option added to the recipe's, in every phase (repeatable): --task-option report=steps")
+    ap.add_argument("--warmup-extra", default="",
+                    help="flags appended to the recipe's warm-up flags, written with '=': --warmup-extra='--step-confidence'")
     a = ap.parse_args()
-    p = preset(a.task)
+    p = preset(a.task, tuple(a.task_option))
     out = Path(a.out)
     if out.exists() and not a.keep:
         shutil.rmtree(out)
@@ -101,7 +112,8 @@ def main() -> None:
         run(["llm", "init-tiny", str(out / "tiny"), *p["tiny"], "--seed", str(a.seed)], log)
         t0 = time.perf_counter()
         warm = last_json(run(["llm", "warmup", "--model", str(out / "tiny"), "--task", a.task, "--out",
-                              str(out / "warmup"), *p["warmup"], "--stop-at-accuracy", str(target), "--max-new-tokens",
+                              str(out / "warmup"), *p["warmup"], *a.warmup_extra.split(),
+                              "--stop-at-accuracy", str(target), "--max-new-tokens",
                               n_tok, "--seed", str(a.seed), "--threads", str(a.threads), "--no-progress"], log))
         warm["wall_s"] = time.perf_counter() - t0
         (out / "warmup_summary.json").write_text(json.dumps(warm))
@@ -126,8 +138,10 @@ def main() -> None:
         "warmup_steps": warm["steps"], "updates": train["updates"], "n_heldout": after["n"],
         "before_ci": [round(x, 4) for x in before["ci"]], "after_ci": [round(x, 4) for x in after["ci"]],
         "tiny": " ".join(p["tiny"]), "train_args": " ".join(train_args), "max_new_tokens": p["max_new_tokens"],
-        "warmup_target": target, "threads": a.threads,
+        "warmup_target": target, "threads": a.threads, "warmup_extra": a.warmup_extra,
         "reward_wait_fraction": round(wait / iters, 4) if iters > 0 else None,
+        # the task's episode metrics where its evaluation gives them (rag: searches, per-step confidences)
+        **{f"{when}_{k}": ev[k] for when, ev in (("before", before), ("after", after)) for k in EPISODE_KEYS if k in ev},
     }
     (out / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

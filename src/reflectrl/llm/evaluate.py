@@ -144,9 +144,10 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
 
 
 def _episode_metrics(episodes: list[tuple[list[dict[str, Any]], bool]]) -> dict[str, Any]:
-    """Tool calls per episode (queries, searches), the ECE of confidences stated along the episodes and the
-    premature-answer rate (a task that says how many searches a question needs), where the task logs them."""
-    from ..eval.calibration import ece
+    """Tool calls per episode (queries, searches), the ECE and AUROC of confidences stated along the episodes
+    (every turn's, against its episode's outcome) and the premature-answer rate (a task that says how many
+    searches a question needs), where the task logs them."""
+    from ..eval.calibration import auroc, ece
 
     out: dict[str, Any] = {}
     kinds = [sum(1 for i in rows if i.get("kind") in ("sql", "search")) for rows, _ in episodes]
@@ -157,6 +158,8 @@ def _episode_metrics(episodes: list[tuple[list[dict[str, Any]], bool]]) -> dict[
     if steps:
         v = ece([q for q, _ in steps], [y for _, y in steps])
         out["step_ece"] = v if math.isfinite(v) else None
+        a = auroc([q for q, _ in steps], [y for _, y in steps])  # NaN when every episode has one outcome
+        out["step_auroc"] = a if math.isfinite(a) else None
         out["step_reports"] = len(steps) / len(episodes)
     prem = [bool(rows[-1]["premature"]) for rows, _ in episodes if rows and "premature" in rows[-1]]
     if prem:

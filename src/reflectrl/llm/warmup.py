@@ -68,6 +68,14 @@ class WarmupConfig:
     teacher_share: float = 0.0
     """Share of the demonstrations given after the task's teacher prompt (the reference answer in context), so the
     model learns to use a reference and can serve as gear's self-teacher."""
+    step_confidence: bool = False
+    """A multi-turn task's demonstrations (rag) state a confidence on every turn: middling before anything is read,
+    high once a search returned what the next move needs, low after one that missed (every such demonstration
+    plays its turns; ``multi_turn_share`` does not apply). So per-step confidences are in the model's vocabulary
+    before RL, and carry what it has read."""
+    detour_share: float = 0.3
+    """With step_confidence: share of the demonstrations whose first search misses (context only, not trained on),
+    followed by a low confidence and the right search."""
     seed: int = 0
     """Seed of the demonstration order."""
     threads: int = 1
@@ -86,15 +94,18 @@ class WarmupConfig:
             raise ConfigError("eval_every and eval_problems must be >= 1")
         if self.self_report not in SELF_REPORTS:
             raise ConfigError(f"self_report must be one of {', '.join(SELF_REPORTS)}, got {self.self_report!r}")
-        shares = (0 <= self.self_report_negatives < 1, 0 <= self.multi_turn_share <= 1, 0 <= self.teacher_share < 1)
+        shares = (0 <= self.self_report_negatives < 1, 0 <= self.multi_turn_share <= 1, 0 <= self.teacher_share < 1,
+                  0 <= self.detour_share <= 1)
         if not all(shares):
-            raise ConfigError("self_report_negatives and teacher_share must be in [0, 1), multi_turn_share in [0, 1]")
+            raise ConfigError("self_report_negatives and teacher_share must be in [0, 1), multi_turn_share and "
+                              "detour_share in [0, 1]")
 
 
 SELF_REPORTS = ("off", "reflect", "confidence", "both", "inline", "all")
 MIXES = {"both": ("reflect", "confidence"), "all": ("reflect", "confidence", "inline")}
 REPORTS = {"reflect": ("solved", "unsolved"),
            "confidence": (("0.6", "0.7", "0.8", "0.9"), ("0.1", "0.2", "0.3", "0.4"))}
+STEP_CONFIDENCES = {"start": ("0.4", "0.5"), "found": REPORTS["confidence"][0], "missed": ("0.1", "0.2", "0.3")}
 
 
 def _tokens(tok: Any, text: str) -> list[int]:
@@ -103,7 +114,8 @@ def _tokens(tok: Any, text: str) -> list[int]:
 
 def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_report: str = "off",
                        negatives: float = 0.0, multi_turn_share: float = 0.0,
-                       generator: torch.Generator | None = None, teacher_share: float = 0.0) -> list[RowResult]:
+                       generator: torch.Generator | None = None, teacher_share: float = 0.0,
+                       step_confidence: bool = False, detour_share: float = 0.0) -> list[RowResult]:
     """Each problem's demonstration as an episode whose agent turns are trained and whose environment
     replies are context only (masked out of the loss).
 
@@ -116,7 +128,9 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
     reports are in the model's vocabulary before RL. ``inline`` asks nothing: the final answer turn itself ends
     with ``<confidence>q</confidence>`` (high after the reference answer, low after a wrong one).
     ``teacher_share`` of the episodes start from the task's teacher prompt (the reference answer in context), so
-    that the policy can serve as its own teacher (gear)."""
+    that the policy can serve as its own teacher (gear). With ``step_confidence`` a task with
+    ``stepwise_demonstration`` (rag) states a confidence on every turn (:data:`STEP_CONFIDENCES` per level), and
+    ``detour_share`` of those episodes first search in vain (that turn context only)."""
     from ..tasks.base import teacher_prompt
     from ..tasks.selfreport import QUESTIONS
 
@@ -127,26 +141,29 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
     pick = lambda options: options[int(torch.randint(len(options), (), generator=g))]
     has_turns = callable(getattr(task, "demonstration_turns", None)) and getattr(task, "multi_turn", False)
     rows = []
+    stepwise = step_confidence and callable(getattr(task, "stepwise_demonstration", None))
     for i, p in enumerate(problems):
-        if has_turns and rand() < multi_turn_share:
-            turns = list(task.demonstration_turns(p))
+        if stepwise:
+            turns = task.stepwise_demonstration(p, lambda level: pick(STEP_CONFIDENCES[level]), rand() < detour_share)
+        elif has_turns and rand() < multi_turn_share:
+            turns = [(turn, reply, True) for turn, reply in task.demonstration_turns(p)]
         else:
             demo = task.demonstration(p)
             if demo.startswith(p.prompt):  # a task may return the whole text; train on the completion part
                 demo = demo[len(p.prompt):]
-            turns = [(demo, "")]
+            turns = [(demo, "", True)]
         kind = pick(MIXES[self_report]) if self_report in MIXES else self_report
         negative = False
         if kind != "off" and negatives > 0 and len(problems) > 1 and rand() < negatives:
             other = problems[(i + 1 + int(torch.randint(len(problems) - 1, (), generator=g))) % len(problems)]
             wrong = task.demonstration(other)
             if float(task.score(p, wrong)) <= 0.0:
-                turns, negative = [(wrong, "")], True
+                turns, negative = [(wrong, "", False)], True
         segs = []
-        for t, (turn, reply) in enumerate(turns):
+        for t, (turn, reply, trained) in enumerate(turns):
             last = t == len(turns) - 1
             ids = _tokens(tok, turn) + (eos if last and kind != "inline" else [])
-            segs.append(Segment(ids, "env" if negative else "policy", t))
+            segs.append(Segment(ids, "policy" if trained else "env", t))
             if reply and not last:
                 segs.append(Segment(_tokens(tok, reply), "env", t))
         if kind == "inline":
@@ -179,7 +196,8 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
         raise ConfigError(f"task {cfg.task!r} has no train problems to demonstrate")
     policy = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     rows = demonstration_rows(policy, task, problems, cfg.self_report, cfg.self_report_negatives,
-                              cfg.multi_turn_share, torch.Generator().manual_seed(cfg.seed + 1), cfg.teacher_share)
+                              cfg.multi_turn_share, torch.Generator().manual_seed(cfg.seed + 1), cfg.teacher_share,
+                              cfg.step_confidence, cfg.detour_share)
     from ..tasks.selfreport import default_new_tokens
 
     max_new = cfg.max_new_tokens or default_new_tokens(task, cfg.self_report)  # inline / all: room for the tag

@@ -19,7 +19,7 @@ import re
 import string
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,10 @@ QUERY_CHARS = 300  # a query is cut to this many characters before it is tokeniz
 ANSWER_CHARS = 1000  # an answer is cut to this many characters before it is normalized
 INSTRUCTIONS = "Search with <search>QUERY</search>; answer with <answer>ANSWER</answer>."
 REPORT_INSTRUCTIONS = {"off": "", "confidence": " Then add <confidence>P</confidence>, P from 0 to 1.",
-                       "reflect": " Then add <reflect>solved</reflect> or <reflect>unsolved</reflect>."}
+                       "reflect": " Then add <reflect>solved</reflect> or <reflect>unsolved</reflect>.",
+                       "steps": " Begin each turn with <confidence>P</confidence>, P from 0 to 1."}
 STOP_SEQUENCES = {"off": ("</search>", "</answer>"), "confidence": ("</search>", "</confidence>"),
-                  "reflect": ("</search>", "</reflect>")}
+                  "reflect": ("</search>", "</reflect>"), "steps": ("</search>", "</answer>")}
 NO_RESULTS = "\nno results\n"
 INVALID = "\nerror: write <search>QUERY</search> to search or <answer>ANSWER</answer> to answer\n"
 _TAG = re.compile(r"<(search|answer)>", re.IGNORECASE)
@@ -279,6 +280,60 @@ class RAGTask:
             turn = f"<search>{query}</search>"
             turns.append((turn, env.step(turn)[0]))
         return turns + [(f"<answer>{problem.answer}</answer>", "")]
+
+    def stepwise_demonstration(self, problem: Problem, confidence: Callable[[str], str],
+                               detour: bool = False) -> list[tuple[str, str, bool]]:
+        """The oracle episode stating a confidence at the start of every turn (the ``report="steps"`` protocol), as
+        (agent turn, environment reply, trained) triples. ``confidence(level)`` gives the value written for a
+        level: ``start`` (nothing read yet), ``found`` (the last search returned what the next move needs: the
+        next hop's subject, or the answer) or ``missed``. With ``detour`` (generated knowledge base only) the first
+        search asks the wrong relation of the right subject and misses; that turn is context only (not
+        ``trained``, so no sloppy query is taught) and the next turn, trained, states a ``missed`` confidence and
+        searches the oracle query."""
+        if self.report != "steps":
+            raise ConfigError(f"stepwise demonstrations need the rag option report=steps (a confidence opens every "
+                              f"turn), got report={self.report!r}")
+        env = self.make_env(max_turns=2 * len(problem.meta["queries"]) + 2)
+        env.reset(problem)
+        out: list[tuple[str, str, bool]] = []
+        level = "start"
+        if detour and (miss := self._detour(problem)) is not None:
+            turn = f"<confidence>{confidence(level)}</confidence><search>{miss}</search>"
+            out.append((turn, env.step(turn)[0], False))
+            level = "missed"
+        needs = self._needs(problem)
+        for query, need in zip(problem.meta["queries"], needs):
+            turn = f"<confidence>{confidence(level)}</confidence><search>{query}</search>"
+            feedback = env.step(turn)[0]
+            out.append((turn, feedback, True))
+            level = "found" if need(feedback) else "missed"
+        return out + [(f"<confidence>{confidence(level)}</confidence><answer>{problem.answer}</answer>", "", True)]
+
+    def _needs(self, problem: Problem) -> list[Callable[[str], bool]]:
+        """Per oracle query: does a feedback text hold what the next move needs? On the generated knowledge base,
+        the hop's fact (its object read out of the text); on a user's collection, a reference answer."""
+        relations = problem.meta.get("relations")
+        if not relations:
+            answers = [normalize_answer(a) for a in problem.meta["answers"]]
+            return [lambda text: any(a and a in normalize_answer(text) for a in answers)] * len(problem.meta["queries"])
+        needs = []
+        for query, name in zip(problem.meta["queries"], relations):
+            subject = query[:-len(name) - 1]  # the query is "SUBJECT RELATION"
+            needs.append(lambda text, r=RELATIONS[name], s=subject: r.read(text, s) is not None)
+        return needs
+
+    def _detour(self, problem: Problem) -> str | None:
+        """A query with the first hop's subject and another relation of its kind whose results miss the fact the
+        hop needs (None when every such query finds it, or on a user's collection)."""
+        relations = problem.meta.get("relations")
+        if not relations:
+            return None
+        first, subject = RELATIONS[relations[0]], problem.meta["entity"]
+        for other in (r for r in RELATIONS.values() if r.subject == first.subject and r.name != first.name):
+            query = f"{subject} {other.name}"
+            if first.read(render(self.index().search(query, self.k), self.passage_chars), subject) is None:
+                return query
+        return None
 
     def demonstration(self, problem: Problem) -> str:
         """The oracle episode as one text (turns and feedback, the transcript after the prompt)."""

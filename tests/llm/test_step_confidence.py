@@ -66,3 +66,103 @@ def test_per_step_ece_and_auroc_by_hand():
     assert m["step_reports"] == 2.0 and m["tool_calls"] == 1.0
     one = _episode_metrics([([{"kind": "answer", "confidence": 0.7}], True)])
     assert one["step_auroc"] is None and math.isclose(one["step_ece"], 0.3)  # one outcome only: no AUROC
+
+
+def test_step_brier_by_hand():
+    """Mean over a row's agent turns of (q_t - y)^2; the asked report is left out; a turn without a confidence
+    makes the row NaN."""
+    from reflectrl.llm.grpo import step_brier
+
+    infos = [[{"kind": "search", "confidence": 0.5}, {"kind": "answer", "confidence": 0.9}],  # right
+             [{"kind": "search", "confidence": 0.5}, {"kind": "answer", "confidence": 0.9},
+              {"confidence": 0.0, "self_report": "confidence"}],  # wrong; the asked 0.0 is not a step
+             [{"kind": "search"}, {"kind": "answer", "confidence": 0.2}]]  # a turn without one
+    got = step_brier(infos, torch.tensor([1.0, 0.0, 0.0]))
+    torch.testing.assert_close(got[:2], torch.tensor([(0.25 + 0.01) / 2, (0.25 + 0.81) / 2]))
+    assert math.isnan(float(got[2]))
+
+
+def test_rlcr_steps_rewards_the_mean_step_brier(tiny_dir):
+    from reflectrl.methods.base import MethodRunner, StepBatch
+    from reflectrl.methods.rewards import RLCR_FORMAT_PENALTY
+    from reflectrl.methods.rlcr import RLCR, RLCROptions
+
+    R, T = 3, 4
+    end = torch.zeros(R, T, dtype=torch.bool)
+    end[:, -1] = True
+    z = torch.zeros(R, T)
+    correct = torch.tensor([1.0, 0.0, 1.0])
+    info = {"outcome": correct, "correct": correct, "confidence": torch.tensor([0.9, 0.9, 0.9]),
+            "step_brier": torch.tensor([0.13, 0.53, float("nan")])}
+    b = StepBatch(states=torch.zeros(R, T, 2), features=torch.zeros(R, T, 2), rewards=z, values=z, advantages=z,
+                  returns=z, episode_end=end, terminated=end, next_values=z, mask=torch.ones(R, T), info=info)
+    m = RLCR(RLCROptions(rlcr_confidence="steps"))
+    sh = MethodRunner(m).run(b)
+    # reward = 1[correct] - mean step Brier (the final confidence alone is not what is scored); NaN: the penalty
+    torch.testing.assert_close(sh.reward_delta[:, -1], torch.tensor([-0.13, -0.53, RLCR_FORMAT_PENALTY - 1.0]))
+    assert m.metrics()["rlcr/brier"] == pytest.approx(0.33) and m.metrics()["rlcr/missing_rate"] == pytest.approx(1 / 3)
+    with pytest.raises(ConfigError, match="rlcr-confidence steps"):
+        from reflectrl.algos import get_algo
+
+        a = get_algo("llm", "rlcr")
+        a.config(task="rag", model=str(tiny_dir), self_report="confidence", rlcr_confidence="steps",
+                 rlcr_credit="split").validate()
+
+
+class _StepwiseEngine:
+    """A rag agent by script: a first turn that states 0.5 and searches the oracle query, then an answer that states
+    0.9; right for the even problems of the train split, wrong for the odd ones, and no confidence on the answer of
+    every third."""
+
+    def __init__(self, policy, task):
+        self.tok = policy.tokenizer
+        self.problems = {p.prompt: (i, p) for i, p in enumerate(task.problems("train"))}
+
+    def generate(self, prompts, max_new_tokens, generator, greedy=False, stop_ids=()):
+        out = []
+        for ids in prompts:
+            text = self.tok.decode(ids, skip_special_tokens=True)
+            prompt = next(k for k in self.problems if text.startswith(k))
+            i, p = self.problems[prompt]
+            if text == prompt:
+                reply = f"<confidence>0.5</confidence><search>{p.meta['queries'][0]}</search>"
+            else:
+                tag = "" if i % 3 == 2 else "<confidence>0.9</confidence>"
+                reply = f"{tag}<answer>{p.answer if i % 2 == 0 else 'nowhere'}</answer>"
+            out.append(self.tok(reply, add_special_tokens=False)["input_ids"])
+        return out
+
+    def sync(self, policy):
+        """Scripted: nothing to follow."""
+
+
+def test_rlcr_steps_through_the_trainer_on_rag(tmp_path):
+    """The stated confidences reach the reward: each row's shaped reward is 1[correct] minus the mean Brier term of
+    its two turns' confidences, or the format penalty where the answer states none."""
+    from reflectrl.algos import get_algo
+    from reflectrl.llm.engines import ENGINES, register_engine
+    from reflectrl.llm.tiny import init_tiny
+    from reflectrl.methods.rewards import RLCR_FORMAT_PENALTY
+
+    opts = ("report=steps", "instructions=False", "n_companies=4")
+    task = RAGTask(report="steps", instructions=False, n_companies=4)
+    register_engine("scripted-steps", lambda policy, temperature=1.0, top_k=0, **kw: _StepwiseEngine(policy, task))
+    try:
+        model = init_tiny(tmp_path / "tiny", layers=1, width=32, heads=2, max_positions=512, seed=0)
+        a = get_algo("llm", "rlcr")
+        t = a.make(a.config(task="rag", task_options=opts, model=str(model), run_dir=str(tmp_path / "r"), updates=1,
+                            prompts_per_update=6, group_size=2, progress=False, tensorboard=False, reward_workers=0,
+                            self_report="inline", rlcr_confidence="steps", engine="scripted-steps"))
+        t.learn()
+    finally:
+        ENGINES.pop("scripted-steps", None)
+    b = t.last_batch
+    seen = set()
+    for r in range(b.rows):
+        infos = b.infos[r]
+        assert [i["kind"] for i in infos] == ["search", "answer"] and infos[0]["confidence"] == 0.5
+        y, q = float(infos[-1]["correct"]), infos[-1].get("confidence")
+        want = RLCR_FORMAT_PENALTY if q is None else y - ((0.5 - y) ** 2 + (q - y) ** 2) / 2
+        assert float(b.token_rewards[r][b.completion_mask[r]].sum()) == pytest.approx(want)
+        seen.add((y, q))
+    assert {(1.0, 0.9), (0.0, 0.9)} <= seen and any(q is None for _, q in seen)

@@ -213,11 +213,20 @@ def test_stop_sequences_and_prompts():
 @pytest.mark.parametrize("options, match", [
     ({"metric": "bleu"}, "metric"), ({"report": "inline"}, "report"), ({"k": 0}, "k must"),
     ({"max_turns": "4"}, "max_turns"), ({"heldout_fraction": 1.5}, "heldout_fraction"),
-    ({"corpus": "c.jsonl"}, "both corpus"), ({"people": True}, "people"),
+    ({"corpus": "c.jsonl"}, "both corpus"), ({"people": True}, "people"), ({"instructions": "no"}, "instructions"),
     ({"n_companies": 2000, "people": 3}, "too large: the generated names allow at most 4800 persons")])
 def test_bad_options(options, match):
     with pytest.raises(ConfigError, match=match):
         RAGTask(**options)
+
+
+def test_boolean_options_from_the_command_line():
+    """``--set instructions=False`` (Python's spelling) is the boolean, as JSON's ``false`` is."""
+    from reflectrl.tasks.base import parse_options
+
+    assert parse_options(["instructions=False", "a=true", "b=FALSE", "c=no", "d=3"]) == {
+        "instructions": False, "a": True, "b": False, "c": "no", "d": 3}
+    assert get_task("rag", **parse_options(["instructions=False"])).problems("train")[0].prompt.startswith("question:")
 
 
 # ------------------------------------------------------------------ sharing and speed

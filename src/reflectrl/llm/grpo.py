@@ -497,7 +497,21 @@ def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:
             out[key] = as_nan([i.get(key) for i in last])
     if any("self_report" in i for i in last):
         out["report_asked"] = torch.tensor([1.0 if "self_report" in i else 0.0 for i in last])
+    if batch.infos and any(isinstance(i.get("confidence"), (int, float)) and "self_report" not in i
+                           for rows in batch.infos for i in rows):
+        out["step_brier"] = step_brier(batch.infos, out["correct"])
     return out
+
+
+def step_brier(infos: list[list[dict[str, Any]]], correct: torch.Tensor) -> torch.Tensor:
+    """``[R]``: per row, the mean over its agent turns (the asked self-report turn left out) of ``(q_t - y)^2``, each
+    turn's stated confidence against the episode's outcome y; NaN for a row with a turn that states none."""
+    out = []
+    for rows, y in zip(infos, correct.tolist()):
+        qs = [i.get("confidence") for i in rows if "self_report" not in i]
+        ok = qs and all(isinstance(q, (int, float)) and not isinstance(q, bool) for q in qs)
+        out.append(sum((float(q) - y) ** 2 for q in qs) / len(qs) if ok else float("nan"))
+    return torch.tensor(out)
 
 
 def calibration_metrics(batch: TokenBatch) -> dict[str, float]:

@@ -11,12 +11,14 @@ rule, so that the best policy is both right and calibrated. A completion without
 Applied as a ``reward_delta`` at the episode's last token (before group normalization). ``--rlcr-credit split``
 (not the paper's form) trains the answer's tokens on the accuracy term's group advantage alone and the confidence
 turn's tokens on the calibration term's (the Brier term, or the format penalty), as refgrpo's split credit does.
+``--rlcr-confidence steps`` (not the paper's form) scores every turn's stated confidence of a multi-turn episode
+(rag ``report=steps``: one after each retrieval and before the answer) by the mean of their Brier terms.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -32,12 +34,18 @@ class RLCROptions:
 
     rlcr_format_penalty: float = RLCR_FORMAT_PENALTY
     """Reward of a completion without a valid confidence (the RLCR release's rule: below every valid one)."""
+    rlcr_confidence: Literal["final", "steps"] = "final"
+    """final: the Brier term of the episode's confidence (the asked one, or the answer's inline one: the paper);
+    steps: the mean Brier term of every agent turn's stated confidence against the outcome (a multi-turn task whose
+    turns each open with one: rag ``report=steps``), the format penalty when a turn states none."""
     rlcr_credit: Credit = "episode"
     """episode: R = 1[correct] - (q - 1[correct])^2 on every token (the paper); split: the answer's tokens take the
     accuracy term's group advantage, the confidence turn's tokens the calibration term's."""
 
     def validate_rlcr(self) -> list[tuple[bool, str]]:
-        return [(self.rlcr_format_penalty <= 0, "--rlcr-format-penalty must be <= 0")]
+        return [(self.rlcr_format_penalty <= 0, "--rlcr-format-penalty must be <= 0"),
+                (self.rlcr_confidence != "steps" or self.rlcr_credit == "episode",
+                 "--rlcr-confidence steps takes --rlcr-credit episode (the turns' confidences share them with actions)")]
 
 
 class RLCR:
@@ -54,11 +62,19 @@ class RLCR:
 
     def shape(self, batch: StepBatch) -> Shaping:
         correct, outcome = batch.info["correct"], batch.info["outcome"]
-        q = batch.info.get("confidence", torch.full_like(correct, float("nan")))
-        target = rlcr_reward(correct, q, self.o.rlcr_format_penalty)
-        valid = ~torch.isnan(q)
+        nan = torch.full_like(correct, float("nan"))
+        if self.o.rlcr_confidence == "steps":
+            err = batch.info.get("step_brier", nan)  # mean (q_t - y)^2 over the turns; NaN where a turn has no q
+            valid = ~torch.isnan(err)
+            target = torch.where(valid, correct - err, torch.full_like(correct, self.o.rlcr_format_penalty))
+            brier = float(err[valid].mean()) if valid.any() else float("nan")
+        else:
+            q = batch.info.get("confidence", nan)
+            target = rlcr_reward(correct, q, self.o.rlcr_format_penalty)
+            valid = ~torch.isnan(q)
+            brier = float(((q[valid] - correct[valid]) ** 2).mean()) if valid.any() else float("nan")
         self._metrics = {"rlcr/reward_mean": float(target.mean()), "rlcr/missing_rate": float((~valid).float().mean()),
-                         "rlcr/brier": float(((q[valid] - correct[valid]) ** 2).mean()) if valid.any() else float("nan")}
+                         "rlcr/brier": brier}
         if self.o.rlcr_credit == "split":
             calibration = torch.where(valid, brier_term(correct, q), torch.full_like(q, self.o.rlcr_format_penalty))
             return split_credit(batch, calibration)

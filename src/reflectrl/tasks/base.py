@@ -199,7 +199,8 @@ def load_tasks() -> dict[str, Callable[..., Task]]:
 
 
 def parse_options(items: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings as task keyword arguments; VALUE is read as JSON when it parses, else as text."""
+    """``KEY=VALUE`` strings as task keyword arguments; VALUE is read as JSON when it parses (``True`` and ``False``,
+    in any case, as the booleans), else as text."""
     import json
 
     out: dict[str, Any] = {}
@@ -207,6 +208,9 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
         key, sep, raw = str(item).partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        if raw.strip().lower() in ("true", "false"):  # instructions=False must not read as the text "False"
+            out[key.strip()] = raw.strip().lower() == "true"
+            continue
         try:
             out[key.strip()] = json.loads(raw)
         except json.JSONDecodeError:

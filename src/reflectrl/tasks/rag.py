@@ -189,6 +189,8 @@ class RAGTask:
         if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, (int, float)) \
                 or not 0 <= heldout_fraction <= 1:
             raise ConfigError(f"rag heldout_fraction must be a number in [0, 1], got {heldout_fraction!r}")
+        if not isinstance(instructions, bool):
+            raise ConfigError(f"rag instructions must be true or false, got {instructions!r}")
         if (corpus is None) != (questions is None):
             raise ConfigError("rag needs both corpus=PATH.jsonl and questions=PATH.jsonl (or neither: the "
                               "generated knowledge base)")

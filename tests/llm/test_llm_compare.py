@@ -102,3 +102,39 @@ def test_warmup_target_reaches_the_warmup_and_a_model_built_to_another_is_refuse
     assert err is None
     warmup = [c for c in calls if c[:2] == ["llm", "warmup"]][0]
     assert warmup[warmup.index("--stop-at-accuracy") + 1] == "0.2"
+
+
+def test_task_options_and_step_confidence_reach_warmups_and_runs(tmp_path: Path, monkeypatch):
+    """``--task-option`` is added to the recipe's options in the warm-up and every run; ``--step-confidence`` reaches
+    the warm-up; a model built otherwise is refused."""
+    from reflectrl.eval import llm_compare
+    from reflectrl.eval.compare import parse_method
+
+    calls: list[list[str]] = []
+
+    def fake_cli(args, log):
+        calls.append(list(args))
+        if args[:2] == ["llm", "warmup"]:
+            warm = Path(args[args.index("--out") + 1])
+            warm.mkdir(parents=True)
+            i = args.index("--task-options")
+            opts = [a for a in args[i + 1:] if "=" in a and not a.startswith("--")]
+            (warm / "warmup.json").write_text(json.dumps({"config": {
+                "stop_at_accuracy": 0.2, "task_options": opts, "step_confidence": "--step-confidence" in args}}))
+        return 0, "", ""
+
+    monkeypatch.setattr(llm_compare, "_run_cli", fake_cli)
+    path, err = llm_compare.build_model(tmp_path, "rag", 1, None, ["report=steps"], True)
+    warmup = [c for c in calls if c[:2] == ["llm", "warmup"]][0]
+    i = warmup.index("--task-options")
+    assert err is None and warmup[i + 1:i + 3] == ["n_companies=1000", "report=steps"] and "--step-confidence" in warmup
+    calls.clear()
+    assert llm_compare.build_model(tmp_path, "rag", 1, None, ["report=steps"], True) == (path, None) and not calls
+    _, err = llm_compare.build_model(tmp_path, "rag", 1, None, ["report=steps"], False)
+    assert err is not None and "--step-confidence" in err and not calls
+    _, err = llm_compare.build_model(tmp_path, "rag", 1, None, (), True)
+    assert err is not None and "report=steps" in err and not calls
+    specs = llm_compare.build_grid([parse_method("grpo", "llm")], ["rag"], [1], tmp_path, {("rag", 1): path}, None, (),
+                                   (), task_options=["report=steps"])
+    i = specs[0].train_args.index("--task-options")
+    assert specs[0].train_args[i + 1:i + 3] == ("n_companies=1000", "report=steps")

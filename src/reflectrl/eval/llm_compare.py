@@ -46,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup-target", type=float, default=None, metavar="F",
                     help="train accuracy at which each tiny model's warm-up stops (default: the task recipe's, 0.2); a "
                          "lower one gives a harder setting, GRPO starting from a weaker model (use its own --out)")
+    ap.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a task option added to the recipe's, in every warm-up, run and evaluation (repeatable): "
+                         "--task-option report=steps")
+    ap.add_argument("--step-confidence", action="store_true",
+                    help="the warm-ups' demonstrations state a confidence on every turn (`reflectrl llm warmup "
+                         "--step-confidence`; rag with --task-option report=steps)")
     ap.add_argument("--backend", choices=("local", "ray"), default="local",
                     help="local: a pool of processes on this machine; ray: one Ray task per run")
     ap.add_argument("--workers", type=int, default=2, metavar="K", help="runs (and model builds) at a time")
@@ -71,9 +77,14 @@ def _validate(args: argparse.Namespace) -> list[MethodSpec]:
                                             (args.warmup_target is None or 0.0 < args.warmup_target <= 1.0,
                                              "--warmup-target must be in (0, 1]"),
                                             (args.warmup_target is None or args.model is None,
-                                             "--warmup-target sets how the tiny models are built: not with --model")])
+                                             "--warmup-target sets how the tiny models are built: not with --model"),
+                                            (not args.step_confidence or args.model is None,
+                                             "--step-confidence sets how the tiny models are built: not with --model")])
+    from ..tasks.base import parse_options
+
+    parse_options(args.task_option)  # one clear error for a malformed KEY=VALUE
     for task in args.tasks:
-        get_task(task)
+        get_task(task, **parse_options(args.task_option))
         if args.model is None:
             from ..llm.recipes import recipe
 
@@ -87,25 +98,45 @@ def model_dir(out: Path, task: str, seed: int) -> Path:
     return Path(out) / "models" / task / f"seed_{seed}"
 
 
-def build_model(out: Path, task: str, seed: int, target: float | None = None) -> tuple[str, str | None]:
-    """Build (once) the tiny warmed-up model of (task, seed) by the task's recipe, its warm-up stopping at train accuracy
-    ``target`` (default: the recipe's); ``(path, error or None)``. A model built before with another target is an error:
-    every run of a folder starts from the same models."""
+def task_recipe(task: str, task_options: Sequence[str] = ()) -> Any:
+    """The task's CPU recipe with ``task_options`` (KEY=VALUE) added to its own."""
+    import dataclasses
+
     from ..llm.recipes import recipe
 
     r = recipe(task)
+    return dataclasses.replace(r, task_options=(*r.task_options, *task_options)) if task_options else r
+
+
+def _built_differently(warm: Path, target: float, options: tuple[str, ...], step_confidence: bool) -> str | None:
+    """Why the warm-up in ``warm`` does not match this comparison's (None when it does, or cannot tell)."""
+    try:
+        cfg = json.loads((warm / "warmup.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    built = cfg.get("stop_at_accuracy")
+    if built is not None and abs(float(built) - target) > 1e-12:
+        return f"was warmed up to train accuracy {built}, this comparison asks for {target} (--warmup-target)"
+    if tuple(cfg.get("task_options", ())) != options:
+        return f"was warmed up with task options {list(cfg.get('task_options', ()))}, this comparison asks for {list(options)}"
+    if bool(cfg.get("step_confidence", False)) != step_confidence:
+        return f"was warmed up {'with' if cfg.get('step_confidence') else 'without'} --step-confidence"
+    return None
+
+
+def build_model(out: Path, task: str, seed: int, target: float | None = None, task_options: Sequence[str] = (),
+                step_confidence: bool = False) -> tuple[str, str | None]:
+    """Build (once) the tiny warmed-up model of (task, seed) by the task's recipe (with ``task_options`` added), its
+    warm-up stopping at train accuracy ``target`` (default: the recipe's); ``(path, error or None)``. A model built
+    before otherwise (another target, task options or ``step_confidence``) is an error: every run of a folder starts
+    from the same models."""
+    r = task_recipe(task, task_options)
     target = r.warmup_target if target is None else float(target)
     d = model_dir(out, task, seed)
     warm = d / "warmup"
     if (warm / "warmup.json").is_file():
-        try:
-            built = json.loads((warm / "warmup.json").read_text())["config"]["stop_at_accuracy"]
-        except (OSError, ValueError, KeyError, TypeError):
-            built = None
-        if built is not None and abs(float(built) - target) > 1e-12:
-            return str(warm), (f"{warm} was warmed up to train accuracy {built}, this comparison asks for {target} "
-                               "(--warmup-target): give it another --out")
-        return str(warm), None
+        why = _built_differently(warm, target, tuple(r.task_options), step_confidence)
+        return str(warm), None if why is None else f"{warm} {why}: give it another --out"
     d.mkdir(parents=True, exist_ok=True)
     log = d / "build.log"
     if not (d / "tiny" / "config.json").is_file():
@@ -118,21 +149,23 @@ def build_model(out: Path, task: str, seed: int, target: float | None = None) ->
         shutil.rmtree(warm)
     rc, _, _ = _run_cli(["llm", "warmup", "--model", str(d / "tiny"), "--task", task, "--out", str(warm), *r.warmup,
                          "--stop-at-accuracy", str(target), "--seed", str(seed), "--self-report", "both",
-                         "--teacher-share", "0.25", "--no-progress", *r.task_flags()], log)
+                         "--teacher-share", "0.25", "--no-progress", *r.task_flags(),
+                         *(["--step-confidence"] if step_confidence else [])], log)
     return str(warm), None if rc == 0 else f"warmup exited with status {rc} (log: {log})"
 
 
 def build_grid(methods: Sequence[MethodSpec], tasks: Sequence[str], seeds: Sequence[int], out: Path,
                models: dict[tuple[str, int], str], updates: int | None, extra: Sequence[str], eval_args: Sequence[str],
-               retries: int = 0) -> list[RunSpec]:
-    """Every (task, method, seed), tasks outermost; each run's train flags are its task recipe's, then the
-    method's own, then ``--extra``."""
+               retries: int = 0, task_options: Sequence[str] = ()) -> list[RunSpec]:
+    """Every (task, method, seed), tasks outermost; each run's train flags are its task recipe's (with
+    ``task_options`` added), then the method's own, then ``--extra``."""
     from ..llm.recipes import RECIPES
 
     specs = []
     for task in tasks:
-        r = RECIPES.get(task)
-        base = (*r.train, *r.task_flags()) if r is not None else ()
+        r = task_recipe(task, task_options) if task in RECIPES else None
+        base = (*r.train, *r.task_flags()) if r is not None else (
+            ("--task-options", *task_options) if task_options else ())
         budget = updates or (r.updates if r is not None else 100)
         for m in methods:
             for s in seeds:
@@ -165,14 +198,16 @@ def main(argv: list[str]) -> int:
         jobs = [(t, s) for t in args.tasks for s in seeds]
         print(f"building {len(jobs)} tiny models (skipped where built)", flush=True)
         with ThreadPoolExecutor(args.workers) as pool:
-            for (t, s), (path, err) in zip(jobs, pool.map(lambda j: build_model(out, *j, args.warmup_target), jobs)):
+            build = lambda j: build_model(out, *j, args.warmup_target, args.task_option, args.step_confidence)
+            for (t, s), (path, err) in zip(jobs, pool.map(build, jobs)):
                 models[(t, s)] = path
                 if err:
                     failures.append(f"model {t}/seed_{s}: {err}")
                     print(f"model {t}/seed_{s} failed: {err}", file=sys.stderr, flush=True)
     eval_args = ([] if args.self_report == "off" else ["--self-report", args.self_report]) + (
         ["--limit", str(args.eval_limit)] if args.eval_limit else [])
-    specs = build_grid(methods, args.tasks, seeds, out, models, args.updates, extra, eval_args, args.retries)
+    specs = build_grid(methods, args.tasks, seeds, out, models, args.updates, extra, eval_args, args.retries,
+                       args.task_option)
     specs = [s for s in specs if not any(f.startswith(f"model {s.env_id}/seed_{s.seed}:") for f in failures)]
     plans = [plan(s)[0] for s in specs]
     counts = {k: plans.count(k) for k in ("skip", "resume", "train", "conflict")}

@@ -17,27 +17,32 @@ def _texts(tok, row, kind):
 
 
 def test_warmup_rows_state_a_confidence_on_every_trained_turn(tiny_policy):
+    """Every trained turn opens with a confidence of its level; a detour's search is context (an env segment) and
+    the trained turn after it states a low one; both kinds of detour, at either hop, appear."""
     task = RAGTask(report="steps")
-    problems = task.problems("train")[:80]
+    problems = task.problems("train")[:120]
     rows = demonstration_rows(tiny_policy, task, problems, "off", generator=torch.Generator().manual_seed(0),
                               step_confidence=True, detour_share=0.5)
     tok = tiny_policy.tokenizer
-    detours = 0
+    level = {v: k for k, vs in STEP_CONFIDENCES.items() for v in vs}
+    seen = set()
     for p, row in zip(problems, rows):
-        policy, env = _texts(tok, row, "policy"), _texts(tok, row, "env")
+        policy = _texts(tok, row, "policy")
         assert len(policy) == p.meta["hops"] + 1  # every oracle search and the answer are trained
-        values = [t.split("<confidence>")[1].split("</confidence>")[0] for t in policy]
-        assert values[0] in STEP_CONFIDENCES["start"] + STEP_CONFIDENCES["missed"]
-        assert all(v in STEP_CONFIDENCES["found"] for v in values[1:])  # the oracle's searches find their fact
+        levels = [level[t.split("<confidence>")[1].split("</confidence>")[0]] for t in policy]
         assert policy[-1].startswith("<confidence>") and policy[-1].endswith(f"<answer>{p.answer}</answer>")
-        if values[0] in STEP_CONFIDENCES["missed"]:  # a detour: its search is context, before the first policy turn
-            detours += 1
-            assert env[0].startswith("<confidence>") and "<search>" in env[0]
-            assert row.segments[0].kind == "env"
-        else:
-            assert row.segments[0].kind == "policy"
+        searches = [tok.decode(s.ids, skip_special_tokens=True) for s in row.segments if s.kind == "env"
+                    and "<search>" in tok.decode(s.ids, skip_special_tokens=True)]
+        if not searches:
+            assert levels == ["start"] + ["found"] * p.meta["hops"]
+            continue
+        (miss,) = searches  # one detour: the turn after it states "missed", every other is the oracle's
+        hop = levels.index("missed")
+        assert levels[:hop] == ["start", "found"][:hop] and levels[hop + 1:] == ["found"] * (len(levels) - hop - 1)
+        query = miss.split("<search>")[1].split("</search>")[0]
+        seen.add(("relation" if query.split(" ")[1] != p.meta["relations"][hop] else "typo", hop))
         assert row.segments[-1].ids[-1] in tiny_policy.eos_ids
-    assert 20 <= detours <= 60  # about half of 80, less the problems with no detour query
+    assert {("relation", 0), ("typo", 0), ("relation", 1), ("typo", 1)} <= seen
 
 
 def test_without_step_confidence_no_search_turn_states_one(tiny_policy):

@@ -45,27 +45,40 @@ def test_oracle_turns_state_start_then_found(task):
     assert infos[-1]["correct"] and not infos[-1]["premature"]
 
 
-def test_a_detour_misses_is_not_trained_and_is_followed_by_a_low_confidence(task):
-    p = next(p for p in task.problems("train") if p.meta["hops"] == 1 and task._detour(p) is not None)
-    turns = task.stepwise_demonstration(p, LEVELS.get, detour=True)
-    (miss, feedback, trained), (again, _, trained2), (answer, _, _) = turns
-    subject, relation = p.meta["entity"], RELATIONS[p.meta["relations"][0]]
-    assert not trained and trained2
-    assert relation.read(feedback, subject) is None  # the detour's results lack the fact
-    assert miss.startswith("<confidence>0.5</confidence><search>" + subject + " ")
-    assert miss != f"<confidence>0.5</confidence><search>{p.meta['queries'][0]}</search>"
-    assert again == f"<confidence>0.2</confidence><search>{p.meta['queries'][0]}</search>"
+@pytest.mark.parametrize("kind", ["relation", "typo"])
+def test_a_detour_misses_is_not_trained_and_is_followed_by_a_low_confidence(task, kind):
+    p = next(p for p in task.problems("train") if p.meta["hops"] == 2 and task._detour(p, kind, 1) is not None)
+    turns = task.stepwise_demonstration(p, LEVELS.get, detour=kind, hop=1)
+    (first, _, t0), (miss, feedback, t1), (again, _, t2), (answer, _, t3) = turns
+    bridge = RELATIONS[p.meta["relations"][0]].read(turns[0][1], p.meta["entity"])  # hop 2's subject
+    relation = RELATIONS[p.meta["relations"][1]]
+    assert [t0, t1, t2, t3] == [True, False, True, True]
+    assert first == f"<confidence>0.5</confidence><search>{p.meta['queries'][0]}</search>"
+    assert relation.read(feedback, bridge) is None  # the detour's results lack the fact
+    query = miss.split("<search>")[1].split("</search>")[0]
+    if kind == "relation":
+        assert query.startswith(bridge + " ") and query != p.meta["queries"][1]
+    else:  # the right relation, the subject off by one letter
+        name, rel = query.split(" ")
+        assert rel == p.meta["relations"][1] and len(name) == len(bridge) and name[0] == bridge[0]
+        assert sum(a != b for a, b in zip(name, bridge)) == 1
+    assert miss.startswith("<confidence>0.9</confidence>")  # stated before the detour's results were read
+    assert again == f"<confidence>0.2</confidence><search>{p.meta['queries'][1]}</search>"
     assert answer == f"<confidence>0.9</confidence><answer>{p.answer}</answer>"
     assert _play(task, p, turns)[-1]["correct"]
+    with pytest.raises(ConfigError, match="detour must be one of"):
+        task.stepwise_demonstration(p, LEVELS.get, detour="swap")
 
 
 def test_every_stepwise_demonstration_solves_its_problem(task):
     for split in ("train", "heldout"):
         for p in task.problems(split):
-            for detour in (False, True):
-                turns = task.stepwise_demonstration(p, LEVELS.get, detour)
-                assert task.score(p, "".join(t + f for t, f, _ in turns)) == 1.0
-                assert len(turns) <= task.max_turns  # a detour's two-hop episode fits the turn limit
+            for detour in (None, "relation", "typo"):
+                for hop in range(p.meta["hops"]):
+                    turns = task.stepwise_demonstration(p, LEVELS.get, detour, hop)
+                    assert task.score(p, "".join(t + f for t, f, _ in turns)) == 1.0
+                    assert len(turns) <= task.max_turns  # a detour's two-hop episode fits the turn limit
+                    assert (detour is None) == all(trained for _, _, trained in turns) or task._detour(p, detour, hop) is None
 
 
 def test_a_user_collection_has_no_detour_and_reads_the_answer(tmp_path):
@@ -76,8 +89,8 @@ def test_a_user_collection_has_no_detour_and_reads_the_answer(tmp_path):
                          + json.dumps({"id": "q2", "question": "Rivers?", "answers": ["Seine"]}) + "\n")
     t = RAGTask(corpus=str(corpus), questions=str(questions), k=1, heldout_fraction=0.0, report="steps")
     found, missed = t.problems("train")
-    assert t._detour(found) is None
-    assert [x for x, _, _ in t.stepwise_demonstration(found, LEVELS.get, detour=True)] == [
+    assert t._detour(found, "typo") is None and t._detour(found, "relation") is None
+    assert [x for x, _, _ in t.stepwise_demonstration(found, LEVELS.get, detour="typo")] == [
         "<confidence>0.5</confidence><search>Where is the Eiffel Tower?</search>",
         "<confidence>0.9</confidence><answer>Paris</answer>"]
     # the retrieved passage does not hold the answer: the answer turn states the low confidence

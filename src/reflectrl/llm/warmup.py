@@ -74,8 +74,8 @@ class WarmupConfig:
     plays its turns; ``multi_turn_share`` does not apply). So per-step confidences are in the model's vocabulary
     before RL, and carry what it has read."""
     detour_share: float = 0.3
-    """With step_confidence: share of the demonstrations whose first search misses (context only, not trained on),
-    followed by a low confidence and the right search."""
+    """With step_confidence: share of the demonstrations with a search that misses at one hop (another relation, or
+    the subject misspelled; context only, not trained on), followed by a low confidence and the right search."""
     seed: int = 0
     """Seed of the demonstration order."""
     threads: int = 1
@@ -130,7 +130,8 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
     ``teacher_share`` of the episodes start from the task's teacher prompt (the reference answer in context), so
     that the policy can serve as its own teacher (gear). With ``step_confidence`` a task with
     ``stepwise_demonstration`` (rag) states a confidence on every turn (:data:`STEP_CONFIDENCES` per level), and
-    ``detour_share`` of those episodes first search in vain (that turn context only)."""
+    ``detour_share`` of those episodes search in vain at one hop, by a wrong relation or a misspelled subject
+    (that turn context only)."""
     from ..tasks.base import teacher_prompt
     from ..tasks.selfreport import QUESTIONS
 
@@ -144,7 +145,11 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
     stepwise = step_confidence and callable(getattr(task, "stepwise_demonstration", None))
     for i, p in enumerate(problems):
         if stepwise:
-            turns = task.stepwise_demonstration(p, lambda level: pick(STEP_CONFIDENCES[level]), rand() < detour_share)
+            detour, hop = None, 0
+            kinds = tuple(getattr(task, "detours", ()))
+            if kinds and rand() < detour_share:  # a wrong search (any kind the task has) at one of the question's hops
+                detour, hop = pick(kinds), int(torch.randint(len(p.meta["queries"]), (), generator=g))
+            turns = task.stepwise_demonstration(p, lambda level: pick(STEP_CONFIDENCES[level]), detour, hop)
         elif has_turns and rand() < multi_turn_share:
             turns = [(turn, reply, True) for turn, reply in task.demonstration_turns(p)]
         else:

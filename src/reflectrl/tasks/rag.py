@@ -27,7 +27,16 @@ import numpy as np
 
 from ..errors import ConfigError
 from .base import Problem, check_split, in_heldout, parse_tagged_turn, register_task, self_report
-from .rag_kb import RELATIONS, Passage, generate_kb, kb_questions, load_corpus, load_questions
+from .rag_kb import (
+    CONSONANTS,
+    RELATIONS,
+    VOWELS,
+    Passage,
+    generate_kb,
+    kb_questions,
+    load_corpus,
+    load_questions,
+)
 
 # bm25s's default token pattern (words of two or more characters), lower-cased, its English stopwords removed
 TOKEN_PATTERN = re.compile(r"(?u)\b\w\w+\b")
@@ -42,6 +51,7 @@ STOP_SEQUENCES = {"off": ("</search>", "</answer>"), "confidence": ("</search>",
 NO_RESULTS = "\nno results\n"
 INVALID = "\nerror: write <search>QUERY</search> to search or <answer>ANSWER</answer> to answer\n"
 _TAG = re.compile(r"<(search|answer)>", re.IGNORECASE)
+DETOURS = ("relation", "typo")  # the wrong searches of a stepwise demonstration (a typo keeps a letter's kind)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -147,6 +157,11 @@ def shared_index(key: tuple, passages: Sequence[Passage], name: str = "the rag c
         return index
 
 
+def _hops(problem: Problem) -> list[tuple[str, str]]:
+    """(subject, relation) of each hop of a generated question: its oracle queries are ``SUBJECT RELATION``."""
+    return [(query[:-len(name) - 1], name) for query, name in zip(problem.meta["queries"], problem.meta["relations"])]
+
+
 def render(passages: Sequence[Passage], chars: int) -> str:
     """Feedback text of a search: one passage per line (cut to ``chars`` characters), or ``no results``."""
     if not passages:
@@ -171,6 +186,7 @@ class RAGTask:
 
     name = "rag"
     multi_turn = True
+    detours = DETOURS
     max_new_tokens = 64  # one turn: a search or an answer with its confidence tag (~50 characters)
 
     def __init__(self, k: int = 2, max_turns: int = 4, metric: str = "em", report: str = "confidence",
@@ -283,28 +299,32 @@ class RAGTask:
             turns.append((turn, env.step(turn)[0]))
         return turns + [(f"<answer>{problem.answer}</answer>", "")]
 
-    def stepwise_demonstration(self, problem: Problem, confidence: Callable[[str], str],
-                               detour: bool = False) -> list[tuple[str, str, bool]]:
+    def stepwise_demonstration(self, problem: Problem, confidence: Callable[[str], str], detour: str | None = None,
+                               hop: int = 0) -> list[tuple[str, str, bool]]:
         """The oracle episode stating a confidence at the start of every turn (the ``report="steps"`` protocol), as
         (agent turn, environment reply, trained) triples. ``confidence(level)`` gives the value written for a
         level: ``start`` (nothing read yet), ``found`` (the last search returned what the next move needs: the
-        next hop's subject, or the answer) or ``missed``. With ``detour`` (generated knowledge base only) the first
-        search asks the wrong relation of the right subject and misses; that turn is context only (not
-        ``trained``, so no sloppy query is taught) and the next turn, trained, states a ``missed`` confidence and
-        searches the oracle query."""
+        next hop's subject, or the answer) or ``missed``. With a ``detour`` (:data:`DETOURS`, generated knowledge
+        base only) the search of hop ``hop`` is first made wrong: ``relation`` asks another relation of the right
+        subject, ``typo`` the right relation of the subject misspelled by one letter (whose results are about
+        other entities); either is chosen so that its results miss the fact. That turn is context only (not
+        ``trained``, so no wrong query is taught); the next, trained, states a ``missed`` confidence and searches
+        the oracle query."""
         if self.report != "steps":
             raise ConfigError(f"stepwise demonstrations need the rag option report=steps (a confidence opens every "
                               f"turn), got report={self.report!r}")
-        env = self.make_env(max_turns=2 * len(problem.meta["queries"]) + 2)
+        if detour is not None and detour not in DETOURS:
+            raise ConfigError(f"rag detour must be one of {', '.join(DETOURS)}, got {detour!r}")
+        queries = problem.meta["queries"]
+        env = self.make_env(max_turns=2 * len(queries) + 2)
         env.reset(problem)
         out: list[tuple[str, str, bool]] = []
         level = "start"
-        if detour and (miss := self._detour(problem)) is not None:
-            turn = f"<confidence>{confidence(level)}</confidence><search>{miss}</search>"
-            out.append((turn, env.step(turn)[0], False))
-            level = "missed"
-        needs = self._needs(problem)
-        for query, need in zip(problem.meta["queries"], needs):
+        for h, (query, need) in enumerate(zip(queries, self._needs(problem))):
+            if detour is not None and h == hop and (miss := self._detour(problem, detour, h)) is not None:
+                turn = f"<confidence>{confidence(level)}</confidence><search>{miss}</search>"
+                out.append((turn, env.step(turn)[0], False))
+                level = "missed"
             turn = f"<confidence>{confidence(level)}</confidence><search>{query}</search>"
             feedback = env.step(turn)[0]
             out.append((turn, feedback, True))
@@ -318,22 +338,24 @@ class RAGTask:
         if not relations:
             answers = [normalize_answer(a) for a in problem.meta["answers"]]
             return [lambda text: any(a and a in normalize_answer(text) for a in answers)] * len(problem.meta["queries"])
-        needs = []
-        for query, name in zip(problem.meta["queries"], relations):
-            subject = query[:-len(name) - 1]  # the query is "SUBJECT RELATION"
-            needs.append(lambda text, r=RELATIONS[name], s=subject: r.read(text, s) is not None)
-        return needs
+        return [lambda text, r=RELATIONS[name], s=subject: r.read(text, s) is not None
+                for subject, name in _hops(problem)]
 
-    def _detour(self, problem: Problem) -> str | None:
-        """A query with the first hop's subject and another relation of its kind whose results miss the fact the
-        hop needs (None when every such query finds it, or on a user's collection)."""
-        relations = problem.meta.get("relations")
-        if not relations:
+    def _detour(self, problem: Problem, kind: str, hop: int = 0) -> str | None:
+        """A wrong query for hop ``hop`` (see :meth:`stepwise_demonstration`) whose results miss the fact the hop
+        needs; None when no candidate misses, the hop does not exist, or on a user's collection."""
+        hops = _hops(problem) if problem.meta.get("relations") else []
+        if not 0 <= hop < len(hops):
             return None
-        first, subject = RELATIONS[relations[0]], problem.meta["entity"]
-        for other in (r for r in RELATIONS.values() if r.subject == first.subject and r.name != first.name):
-            query = f"{subject} {other.name}"
-            if first.read(render(self.index().search(query, self.k), self.passage_chars), subject) is None:
+        subject, name = hops[hop]
+        relation = RELATIONS[name]
+        if kind == "relation":
+            candidates = [f"{subject} {r.name}" for r in RELATIONS.values() if r.subject == relation.subject and r.name != name]
+        else:
+            candidates = [f"{subject[:i]}{c}{subject[i + 1:]} {name}" for i in range(1, len(subject))
+                          for c in (VOWELS if subject[i] in VOWELS else CONSONANTS) if c != subject[i]]
+        for query in candidates:
+            if relation.read(render(self.index().search(query, self.k), self.passage_chars), subject) is None:
                 return query
         return None
 

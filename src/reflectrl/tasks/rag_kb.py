@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from .base import SPLITS, stable_hash
 
 CITIES = ("Lima", "Oslo", "Rome", "Cairo", "Delhi", "Paris", "Tokyo", "Quito", "Perth", "Dakar", "Hanoi", "Riga")
-_CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
+CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 _RESERVED = {c.lower() for c in CITIES} | {"a", "an", "the", "in", "at", "by", "was", "is", "of", "who", "whom"}
 
 
@@ -109,8 +109,8 @@ def _names(rng: random.Random, count: int, syllables: int, coda: bool, taken: se
     """``count`` new pronounceable names (CV syllables, optionally a final consonant), unique in ``taken``."""
     out: list[str] = []
     while len(out) < count:
-        name = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(syllables))
-        name = (name + rng.choice(_CONSONANTS) if coda else name).capitalize()
+        name = "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(syllables))
+        name = (name + rng.choice(CONSONANTS) if coda else name).capitalize()
         if name.lower() not in taken and name.lower() not in _RESERVED:
             taken.add(name.lower())
             out.append(name)

@@ -129,8 +129,13 @@ def self_knowledge(runs: dict[int, dict], min_seeds: int) -> dict:
     au = au[np.isfinite(au)]
     diff = np.array([value(e, "reflection_accuracy") - value(e, "best_constant") for e in runs.values()])
     diff = diff[np.isfinite(diff)]
+    step = np.array([value(e, "step_auroc") for e in runs.values()])
+    step = step[np.isfinite(step)]
     out = {}
-    for name, arr, ref in (("auroc", au, 0.5), ("reflection_minus_best_constant", diff, 0.0)):
+    checks = [("auroc", au, 0.5), ("reflection_minus_best_constant", diff, 0.0)]
+    if len(step):  # a task whose episodes state confidences along the way (rag report=steps)
+        checks.append(("step_auroc", step, 0.5))
+    for name, arr, ref in checks:
         if len(arr) < min_seeds:
             out[name] = {"n": int(len(arr)), "verdict": f"too few seeds ({len(arr)})"}
             continue
@@ -230,11 +235,16 @@ def main() -> None:
         rows.append(f"| {k} | {'higher' if k in UP else 'lower'} | " + " | ".join(cells[k]) + " |")
     rows.insert(0, f"Seeds paired with {a.baseline}: " + ", ".join(
         f"{m} {len(result['methods'][m]['seeds'])}" for m in a.methods) + ".\n")
-    sk = ["", "| method | mean AUROC [95% CI] (> 0.5?) | reflection acc. - best constant [95% CI] (> 0?) |", "|---|---|---|"]
+    names = ["auroc", "reflection_minus_best_constant"]
+    head = "| method | mean AUROC [95% CI] (> 0.5?) | reflection acc. - best constant [95% CI] (> 0?) |"
+    if any("step_auroc" in s for s in result["self_knowledge"].values()):
+        names.append("step_auroc")
+        head += " mean per-step AUROC [95% CI] (> 0.5?) |"
+    sk = ["", head, "|---|" + "---|" * len(names)]
     for m, s in result["self_knowledge"].items():
         cells = []
-        for name in ("auroc", "reflection_minus_best_constant"):
-            e = s[name]
+        for name in names:
+            e = s.get(name, {"verdict": "n/a"})
             cells.append(f"{e['mean']:.3f} [{e['ci'][0]:.3f}, {e['ci'][1]:.3f}] ({e['verdict']})" if "mean" in e
                          else e["verdict"])
         sk.append(f"| {m} | " + " | ".join(cells) + " |")

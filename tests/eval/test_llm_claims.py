@@ -71,3 +71,22 @@ def test_task_metrics_only_where_present(claims, tmp_path, monkeypatch, capsys):
     assert claims.paired_verdict(res["metrics"]["tool_calls"], "tool_calls", 3) == "higher"
     assert "| tool_calls (no better direction) | +0.500 [+0.500, +0.500]: higher |" in text
     assert "step_ece" not in text
+
+
+def test_per_step_auroc_rows_and_self_knowledge(claims, tmp_path, monkeypatch, capsys):
+    """step_auroc (higher is better) gets a row, a paired row and a self-knowledge column where runs have it."""
+    _write_evals(tmp_path, "rag", "grpo", [{"accuracy": 0.3, "step_auroc": a, "step_ece": 0.4} for a in (0.5, 0.5, 0.5)])
+    _write_evals(tmp_path, "rag", "m", [{"accuracy": 0.3, "step_auroc": a, "step_ece": 0.2} for a in (0.7, 0.8, 0.9)])
+    out = tmp_path / "c.json"
+    monkeypatch.setattr(sys, "argv", ["llm_claims.py", "--out", str(tmp_path), "--task", "rag", "--methods", "m",
+                                      "--json-out", str(out)])
+    claims.main()
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["methods"]["m"]["metrics"]["step_auroc"]["paired_diff"][0] == pytest.approx(0.3)
+    assert claims.paired_verdict(res["methods"]["m"]["metrics"]["step_auroc"], "step_auroc", 3) == "better"
+    assert "| step_auroc (higher is better) | +0.300" in text and "| step_auroc | higher |" in text
+    sk = res["self_knowledge"]
+    assert sk["m"]["step_auroc"]["verdict"] == "holds" and sk["m"]["step_auroc"]["mean"] == pytest.approx(0.8)
+    assert sk["grpo"]["step_auroc"]["verdict"] == "level (within noise)"  # 0.5 exactly: not above
+    assert "mean per-step AUROC [95% CI] (> 0.5?)" in text

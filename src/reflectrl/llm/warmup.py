@@ -73,7 +73,7 @@ class WarmupConfig:
     high once a search returned what the next move needs, low after one that missed (every such demonstration
     plays its turns; ``multi_turn_share`` does not apply). So per-step confidences are in the model's vocabulary
     before RL, and carry what it has read."""
-    detour_share: float = 0.5
+    detour_share: float = 0.2
     """With step_confidence: share of the demonstrations with a search that misses at one hop (another relation, or
     the subject misspelled; context only, not trained on), followed by a low confidence and the right search."""
     seed: int = 0

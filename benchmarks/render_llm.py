@@ -86,6 +86,23 @@ def learn_tables() -> str:
     return "\n".join(lines)
 
 
+def episode_table() -> str:
+    """The episode metrics of the llm_learn runs whose evaluations give them (rag: searches, stated confidences)."""
+    runs = sorted((json.loads(p.read_text()) for p in RES.glob("llm_learn_*_s*.json")),
+                  key=lambda r: (r["task"], r.get("variant", ""), r["seed"]))
+    runs = [r for r in runs if "before_step_reports" in r]
+    if not runs:
+        return "(no llm_learn result with per-step confidences)"
+    num = lambda r, k: "n/a" if r.get(k) is None else f"{r[k]:.2f}"  # noqa: E731
+    lines = ["| task | seed | searches per episode, before -> after | confidences stated per episode | "
+             "per-step ECE | per-step AUROC | premature answers |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        cell = lambda k: f"{num(r, 'before_' + k)} -> {num(r, 'after_' + k)}"  # noqa: E731
+        lines.append(f"| {name(r)} | {r['seed']} | {cell('tool_calls')} | {cell('step_reports')} | {cell('step_ece')} | "
+                     f"{cell('step_auroc')} | {cell('premature_rate')} |")
+    return "\n".join(lines)
+
+
 def throughput_table() -> str:
     path = RES / "llm_throughput.json"
     if not path.exists():
@@ -150,13 +167,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--collect", nargs="*", type=Path, default=None, metavar="DIR")
     ap.add_argument("--variant", default=None, help="with --collect: a label for runs of an older recipe")
-    ap.add_argument("--part", choices=["learn", "throughput", "reward"], default=None, help="print one table")
+    ap.add_argument("--part", choices=["learn", "episodes", "throughput", "reward"], default=None, help="print one table")
     a = ap.parse_args()
     if a.collect is not None:
         collect(a.collect, a.variant)
         return
     if a.part:
-        print({"learn": learn_tables, "throughput": throughput_table, "reward": reward_table}[a.part]())
+        print({"learn": learn_tables, "episodes": episode_table, "throughput": throughput_table,
+               "reward": reward_table}[a.part]())
         return
     print("### Learning on CPU\n")
     print(learn_tables())

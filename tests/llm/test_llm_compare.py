@@ -73,23 +73,36 @@ def test_a_recipe_s_task_options_reach_every_run():
     assert rag.train_args[i + 1] == "n_companies=1000" and "--task-options" not in arith.train_args
 
 
+def _fake_cli(calls: list[list[str]]):
+    """A stand-in for the CLI runs of a model build: records each command; a warm-up writes the summary the real one
+    writes (its target, task options and --step-confidence), so the next build can tell how it was made."""
+
+    def run(args, log):
+        calls.append(list(args))
+        if args[:2] == ["llm", "warmup"]:
+            warm = Path(args[args.index("--out") + 1])
+            warm.mkdir(parents=True)
+            opts = []
+            if "--task-options" in args:
+                for a in args[args.index("--task-options") + 1:]:
+                    if a.startswith("--"):
+                        break
+                    opts.append(a)
+            (warm / "warmup.json").write_text(json.dumps({"config": {
+                "stop_at_accuracy": float(args[args.index("--stop-at-accuracy") + 1]), "task_options": opts,
+                "step_confidence": "--step-confidence" in args}}))
+        return 0, "", ""
+
+    return run
+
+
 def test_warmup_target_reaches_the_warmup_and_a_model_built_to_another_is_refused(tmp_path: Path, monkeypatch):
     """``--warmup-target`` is the warm-up's ``--stop-at-accuracy``; a folder whose model was warmed up to another
     target is not reused (its runs would not start from the models the command asks for)."""
     from reflectrl.eval import llm_compare
 
     calls: list[list[str]] = []
-
-    def fake_cli(args, log):
-        calls.append(list(args))
-        if args[:2] == ["llm", "warmup"]:
-            warm = Path(args[args.index("--out") + 1])
-            warm.mkdir(parents=True)
-            target = float(args[args.index("--stop-at-accuracy") + 1])
-            (warm / "warmup.json").write_text(json.dumps({"config": {"stop_at_accuracy": target}}))
-        return 0, "", ""
-
-    monkeypatch.setattr(llm_compare, "_run_cli", fake_cli)
+    monkeypatch.setattr(llm_compare, "_run_cli", _fake_cli(calls))
     path, err = llm_compare.build_model(tmp_path, "arith", 1, 0.05)
     assert err is None and Path(path).name == "warmup"
     warmup = [c for c in calls if c[:2] == ["llm", "warmup"]][0]
@@ -111,19 +124,7 @@ def test_task_options_and_step_confidence_reach_warmups_and_runs(tmp_path: Path,
     from reflectrl.eval.compare import parse_method
 
     calls: list[list[str]] = []
-
-    def fake_cli(args, log):
-        calls.append(list(args))
-        if args[:2] == ["llm", "warmup"]:
-            warm = Path(args[args.index("--out") + 1])
-            warm.mkdir(parents=True)
-            i = args.index("--task-options")
-            opts = [a for a in args[i + 1:] if "=" in a and not a.startswith("--")]
-            (warm / "warmup.json").write_text(json.dumps({"config": {
-                "stop_at_accuracy": 0.2, "task_options": opts, "step_confidence": "--step-confidence" in args}}))
-        return 0, "", ""
-
-    monkeypatch.setattr(llm_compare, "_run_cli", fake_cli)
+    monkeypatch.setattr(llm_compare, "_run_cli", _fake_cli(calls))
     path, err = llm_compare.build_model(tmp_path, "rag", 1, None, ["report=steps"], True)
     warmup = [c for c in calls if c[:2] == ["llm", "warmup"]][0]
     i = warmup.index("--task-options")

@@ -77,12 +77,13 @@ def test_step_brier_by_hand():
     """Mean over a row's agent turns of (q_t - y)^2; the asked report is left out; a turn without a confidence
     makes the row NaN."""
     from reflectrl.llm.grpo import step_brier
+    from reflectrl.tasks.selfreport import turn_confidences
 
     infos = [[{"kind": "search", "confidence": 0.5}, {"kind": "answer", "confidence": 0.9}],  # right
              [{"kind": "search", "confidence": 0.5}, {"kind": "answer", "confidence": 0.9},
               {"confidence": 0.0, "self_report": "confidence"}],  # wrong; the asked 0.0 is not a step
              [{"kind": "search"}, {"kind": "answer", "confidence": 0.2}]]  # a turn without one
-    got = step_brier(infos, torch.tensor([1.0, 0.0, 0.0]))
+    got = step_brier([turn_confidences(rows) for rows in infos], torch.tensor([1.0, 0.0, 0.0]))
     torch.testing.assert_close(got[:2], torch.tensor([(0.25 + 0.01) / 2, (0.25 + 0.81) / 2]))
     assert math.isnan(float(got[2]))
 

@@ -19,11 +19,14 @@ import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ConfigError, ReflectRLError
 from .compare import MethodSpec, check_grid_args, check_train_args
 from .runner import RunSpec, _run_cli, make_result, materialize, plan, run_local
+
+if TYPE_CHECKING:
+    from ..llm.recipes import Recipe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,7 +101,7 @@ def model_dir(out: Path, task: str, seed: int) -> Path:
     return Path(out) / "models" / task / f"seed_{seed}"
 
 
-def task_recipe(task: str, task_options: Sequence[str] = ()) -> Any:
+def task_recipe(task: str, task_options: Sequence[str] = ()) -> Recipe:
     """The task's CPU recipe with ``task_options`` (KEY=VALUE) added to its own."""
     import dataclasses
 

@@ -148,13 +148,13 @@ def _episode_metrics(episodes: list[tuple[list[dict[str, Any]], bool]]) -> dict[
     (every turn's, against its episode's outcome) and the premature-answer rate (a task that says how many
     searches a question needs), where the task logs them."""
     from ..eval.calibration import auroc, ece
+    from ..tasks.selfreport import turn_confidences
 
     out: dict[str, Any] = {}
     kinds = [sum(1 for i in rows if i.get("kind") in ("sql", "search")) for rows, _ in episodes]
     if any(kinds):
         out["tool_calls"] = float(np.mean(kinds))
-    steps = [(float(i["confidence"]), float(ok)) for rows, ok in episodes for i in rows
-             if isinstance(i.get("confidence"), (int, float)) and "self_report" not in i]
+    steps = [(q, float(ok)) for rows, ok in episodes for q in turn_confidences(rows) if q is not None]
     if steps:
         v = ece([q for q, _ in steps], [y for _, y in steps])
         out["step_ece"] = v if math.isfinite(v) else None

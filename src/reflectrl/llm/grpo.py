@@ -27,7 +27,7 @@ from ..methods.base import MethodRunner, StepBatch, apply_shaping
 from ..methods.refgrpo import last_turn_tokens
 from ..methods.rewards import as_nan
 from ..tasks.base import Problem, get_task
-from ..tasks.selfreport import with_self_report
+from ..tasks.selfreport import turn_confidences, with_self_report
 from ..trainer import Clock, Trainer, default_run_dir
 from .batch import ENGINE_LOGP, TokenBatch
 from .config import SAMPLES, GRPOConfig
@@ -497,21 +497,19 @@ def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:
             out[key] = as_nan([i.get(key) for i in last])
     if any("self_report" in i for i in last):
         out["report_asked"] = torch.tensor([1.0 if "self_report" in i else 0.0 for i in last])
-    if batch.infos and any(isinstance(i.get("confidence"), (int, float)) and "self_report" not in i
-                           for rows in batch.infos for i in rows):
-        out["step_brier"] = step_brier(batch.infos, out["correct"])
+    stated = [turn_confidences(rows) for rows in batch.infos or []]
+    if any(q is not None for qs in stated for q in qs):
+        out["step_brier"] = step_brier(stated, out["correct"])
     return out
 
 
-def step_brier(infos: list[list[dict[str, Any]]], correct: torch.Tensor) -> torch.Tensor:
-    """``[R]``: per row, the mean over its agent turns (the asked self-report turn left out) of ``(q_t - y)^2``, each
-    turn's stated confidence against the episode's outcome y; NaN for a row with a turn that states none."""
-    out = []
-    for rows, y in zip(infos, correct.tolist()):
-        qs = [i.get("confidence") for i in rows if "self_report" not in i]
-        ok = qs and all(isinstance(q, (int, float)) and not isinstance(q, bool) for q in qs)
-        out.append(sum((float(q) - y) ** 2 for q in qs) / len(qs) if ok else float("nan"))
-    return torch.tensor(out)
+def step_brier(stated: list[list[float | None]], correct: torch.Tensor) -> torch.Tensor:
+    """``[R]``: per row, the mean over its agent turns of ``(q_t - y)^2``, each turn's stated confidence
+    (:func:`~reflectrl.tasks.selfreport.turn_confidences`) against the episode's outcome y; NaN for a row with a turn
+    that states none."""
+    ok = lambda qs: bool(qs) and None not in qs  # noqa: E731
+    return torch.tensor([sum((q - y) ** 2 for q in qs) / len(qs) if ok(qs) else float("nan")
+                         for qs, y in zip(stated, correct.tolist())])
 
 
 def calibration_metrics(batch: TokenBatch) -> dict[str, float]:
@@ -527,8 +525,7 @@ def calibration_metrics(batch: TokenBatch) -> dict[str, float]:
         m = self_report_metrics(info["correct"], info.get("reflection"), info.get("confidence"))
         out.update({f"calibration/{k}": v for k, v in m.items() if k != "accuracy"})
     rows = batch.infos or []
-    steps = [(float(i["confidence"]), float(c)) for r, c in zip(rows, batch.correct.tolist()) for i in r
-             if isinstance(i.get("confidence"), (int, float)) and "self_report" not in i]
+    steps = [(q, float(c)) for r, c in zip(rows, batch.correct.tolist()) for q in turn_confidences(r) if q is not None]
     if steps:
         out["calibration/step_ece"] = ece([q for q, _ in steps], [y for _, y in steps])
         out["calibration/step_reports"] = len(steps) / max(len(rows), 1)

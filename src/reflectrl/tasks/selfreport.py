@@ -32,6 +32,17 @@ _WORD = re.compile(r"\s*([A-Za-z]{1,16})")
 _NUMBER = re.compile(r"\s*([0-9](?:\.[0-9]{1,6})?)")
 
 
+def turn_confidences(infos: list[dict[str, Any]]) -> list[float | None]:
+    """The confidence each agent turn of an episode stated (its env ``info["confidence"]``; None where it stated
+    none), in turn order; the asked self-report turn is not an agent step and is left out."""
+    out: list[float | None] = []
+    for i in infos:
+        if "self_report" not in i:
+            q = i.get("confidence")
+            out.append(float(q) if isinstance(q, (int, float)) and not isinstance(q, bool) else None)
+    return out
+
+
 def parse_report(kind: str, text: Any) -> float | None:
     """The report of a self-report turn: ``reflect``: 1 (solved) / 0 (unsolved) from the tag or the bare
     first word; ``confidence``: q in [0, 1] from the tag or a bare leading number; None when malformed."""

@@ -73,6 +73,7 @@ def _train_check(rc: int, run: Path, updates: int) -> dict[str, Any]:
             "records": len(recs),
             "tokens_per_s_median": _median([r["charts/tokens_per_s"] for r in recs[1:] if "charts/tokens_per_s" in r]),
             "update_s_median": _median([r["time/iteration"] for r in recs[1:] if "time/iteration" in r]),
+            "generate_s_median": _median([r["time/generate"] for r in recs[1:] if "time/generate" in r]),
             "reward_mean": [round(r.get("reward/mean", 0.0), 4) for r in recs],
             "grad_norm": [round(r.get("losses/grad_norm", 0.0), 4) for r in recs]}
 
@@ -162,7 +163,9 @@ def _measured(name: str, c: dict[str, Any]) -> str:
     if "records" in c:
         tps = c.get("tokens_per_s_median")
         grads = c.get("grad_norm") or []
+        gen, upd = c.get("generate_s_median"), c.get("update_s_median")
         return (f"{c['records']} updates" + (f", {tps:.0f} completion tokens/s (median)" if tps else "")
+                + (f", generation {gen / upd:.0%} of an update" if gen and upd else "")
                 + (f", grad norm {min(grads):.3f}-{max(grads):.3f}" if grads else ""))
     return ""
 

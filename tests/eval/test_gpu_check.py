@@ -33,14 +33,15 @@ def test_collectives_on_a_group_of_one(monkeypatch):
 
 def test_train_check_counts_records_and_needs_a_checkpoint(tmp_path):
     mod = benchmark_script("gpu_check")
-    recs = [{"update": i, "charts/tokens_per_s": 100.0 * i, "time/iteration": 0.5, "reward/mean": 0.25,
+    recs = [{"update": i, "charts/tokens_per_s": 100.0 * i, "time/iteration": 0.5, "time/generate": 0.4, "reward/mean": 0.25,
              "losses/grad_norm": 0.1 * i} for i in (1, 2, 3)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert not mod._train_check(0, tmp_path, 3)["ok"]  # no checkpoint
     (tmp_path / "checkpoint.safetensors").write_bytes(b"x")
     r = mod._train_check(0, tmp_path, 3)
     assert r["ok"] and r["records"] == 3 and r["tokens_per_s_median"] == 300.0  # the first update left out
-    assert r["grad_norm"] == [0.1, 0.2, 0.3]
+    assert r["grad_norm"] == [0.1, 0.2, 0.3] and r["generate_s_median"] == 0.4
+    assert "generation 80% of an update" in mod._measured("train", r)
     assert not mod._train_check(0, tmp_path, 4)["ok"] and not mod._train_check(1, tmp_path, 3)["ok"]
     assert mod._untimed(recs[0]) == {"update": 1, "reward/mean": 0.25, "losses/grad_norm": 0.1}
 

@@ -18,7 +18,8 @@ better side. The verdicts of the first table stay the claims' rule; the paired t
 narrows them. A last table follows each run's self-reports: the share of held-out answers it flagged solved and
 its mean held-out confidence, and in its training rollouts the first update at which it flagged none solved
 (a collapse to the constant answer "not solved") with the training accuracy at that update, and the mean
-stated confidence at the first and the last update.
+stated confidence at the first and the last update. Where the folder holds the comparison's own tiny models, a
+first table gives each seed's warm-up: its steps and the train accuracy at which it stopped, against its target.
 """
 
 from __future__ import annotations
@@ -181,6 +182,32 @@ def reflection_dynamics(out: Path, task: str, method: str) -> dict[int, dict]:
     return res
 
 
+def warmups(out: Path, task: str) -> dict[int, dict]:
+    """Seed -> the warm-up summary of the comparison's tiny model (``OUT/models/TASK/seed_S/warmup/warmup.json``):
+    steps, train accuracy at the stop, its target and the step limit (seeds whose model is not there are left out)."""
+    res = {}
+    for d in sorted((out / "models" / task).glob("seed_*")):
+        try:
+            w = json.loads((d / "warmup" / "warmup.json").read_text())
+        except (OSError, ValueError):
+            continue
+        cfg = w.get("config", {})
+        res[int(d.name.split("_")[1])] = {"steps": w.get("steps"), "train_accuracy": w.get("train_accuracy"),
+                                          "target": cfg.get("stop_at_accuracy"), "max_steps": cfg.get("steps")}
+    return res
+
+
+def warmup_rows(ws: dict[int, dict]) -> list[str]:
+    if not ws:
+        return []
+    rows = ["| seed | warm-up steps (limit) | train accuracy at the stop (target) |", "|---|---|---|"]
+    for s, w in sorted(ws.items()):
+        acc, target = w["train_accuracy"], w["target"]
+        rows.append(f"| {s} | {w['steps']} ({w['max_steps']}) | "
+                    f"{'n/a' if acc is None else f'{acc:.3f}'} ({'none' if target is None else target}) |")
+    return [*rows, ""]
+
+
 def dynamics_rows(all_runs: dict[str, dict[str, dict[int, dict]]], dyn: dict[str, dict[int, dict]]) -> list[str]:
     """Per method and seed: the share of held-out answers flagged solved, and the training reflections' course."""
     rows = ["", "| method | seed | held-out: share flagged solved | held-out: mean confidence | training: first update "
@@ -233,6 +260,8 @@ def main() -> None:
             cells[k].append(f"{fmt(cmp[k])}: {'not lower: ' if k == 'accuracy' else ''}{verdicts[k]}")
     for k in keys:
         rows.append(f"| {k} | {'higher' if k in UP else 'lower'} | " + " | ".join(cells[k]) + " |")
+    result["warmups"] = warmups(a.out, a.task)
+    rows[:0] = warmup_rows(result["warmups"])
     rows.insert(0, f"Seeds paired with {a.baseline}: " + ", ".join(
         f"{m} {len(result['methods'][m]['seeds'])}" for m in a.methods) + ".\n")
     names = ["auroc", "reflection_minus_best_constant"]

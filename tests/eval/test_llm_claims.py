@@ -90,3 +90,27 @@ def test_per_step_auroc_rows_and_self_knowledge(claims, tmp_path, monkeypatch, c
     assert sk["m"]["step_auroc"]["verdict"] == "holds" and sk["m"]["step_auroc"]["mean"] == pytest.approx(0.8)
     assert sk["grpo"]["step_auroc"]["verdict"] == "level (within noise)"  # 0.5 exactly: not above
     assert "mean per-step AUROC [95% CI] (> 0.5?)" in text
+
+
+def test_warmup_table_from_the_comparison_models(claims, tmp_path, monkeypatch, capsys):
+    """Each seed's warm-up summary (steps, train accuracy at the stop, target) is read from OUT/models and shown;
+    a seed without a model, or with an unreadable summary, is left out."""
+    _write(tmp_path, "grpo", [0.1, 0.2, 0.3], 0.2)
+    _write(tmp_path, "m", [0.1, 0.2, 0.3], 0.2)
+    for s, (steps, acc) in {1: (875, 0.234375), 2: (2000, 0.0625)}.items():
+        w = tmp_path / "models" / "arith" / f"seed_{s}" / "warmup"
+        w.mkdir(parents=True)
+        (w / "warmup.json").write_text(json.dumps({"steps": steps, "train_accuracy": acc,
+                                                   "config": {"stop_at_accuracy": 0.2, "steps": 2000}}))
+    bad = tmp_path / "models" / "arith" / "seed_3" / "warmup"
+    bad.mkdir(parents=True)
+    (bad / "warmup.json").write_text("{not json")
+    out = tmp_path / "c.json"
+    monkeypatch.setattr(sys, "argv", ["llm_claims.py", "--out", str(tmp_path), "--task", "arith", "--methods", "m",
+                                      "--json-out", str(out)])
+    claims.main()
+    text = capsys.readouterr().out
+    assert "| 1 | 875 (2000) | 0.234 (0.2) |" in text and "| 2 | 2000 (2000) | 0.062 (0.2) |" in text
+    assert "| 3 |" not in text.split("| metric")[0]
+    assert json.loads(out.read_text())["warmups"]["2"] == {"steps": 2000, "train_accuracy": 0.0625, "target": 0.2,
+                                                           "max_steps": 2000}

@@ -115,6 +115,59 @@ def test_rlcr_steps_rewards_the_mean_step_brier(tiny_dir):
                  rlcr_credit="split").validate()
 
 
+def test_rlcr_no_answer_penalty():
+    """--rlcr-no-answer penalty: an episode that ended without an answer gets the format penalty whatever its stated
+    confidences; score (the default) scores it as a wrong answer; a batch without the info is left as it was."""
+    from reflectrl.methods.base import MethodRunner, StepBatch
+    from reflectrl.methods.rewards import RLCR_FORMAT_PENALTY
+    from reflectrl.methods.rlcr import RLCR, RLCROptions
+
+    R, T = 3, 4
+    end = torch.zeros(R, T, dtype=torch.bool)
+    end[:, -1] = True
+    z = torch.zeros(R, T)
+    correct = torch.tensor([1.0, 0.0, 0.0])
+    info = {"outcome": correct, "correct": correct, "step_brier": torch.tensor([0.01, 0.25, 0.01]),
+            "answered": torch.tensor([1.0, 1.0, 0.0])}  # row 2: turns used up, low confidences throughout
+
+    def shaped(opts, info):
+        b = StepBatch(states=torch.zeros(R, T, 2), features=torch.zeros(R, T, 2), rewards=z, values=z, advantages=z,
+                      returns=z, episode_end=end, terminated=end, next_values=z, mask=torch.ones(R, T), info=info)
+        m = RLCR(opts)
+        return MethodRunner(m).run(b).reward_delta[:, -1], m.metrics()
+
+    delta, met = shaped(RLCROptions(rlcr_confidence="steps", rlcr_no_answer="penalty"), info)
+    torch.testing.assert_close(delta, torch.tensor([-0.01, -0.25, RLCR_FORMAT_PENALTY]))
+    assert met["rlcr/unanswered_rate"] == pytest.approx(1 / 3)
+    delta, met = shaped(RLCROptions(rlcr_confidence="steps"), info)
+    torch.testing.assert_close(delta, torch.tensor([-0.01, -0.25, -0.01]))  # never answering costs about nothing
+    assert "rlcr/unanswered_rate" not in met
+    no_info = {k: v for k, v in info.items() if k != "answered"}
+    delta, _ = shaped(RLCROptions(rlcr_confidence="steps", rlcr_no_answer="penalty"), no_info)
+    torch.testing.assert_close(delta, torch.tensor([-0.01, -0.25, -0.01]))
+    # the final form too: the asked confidence of an unanswered episode does not save it
+    final = {"outcome": correct, "correct": correct, "confidence": torch.tensor([0.9, 0.1, 0.1]),
+             "answered": torch.tensor([1.0, 1.0, 0.0])}
+    delta, _ = shaped(RLCROptions(rlcr_no_answer="penalty"), final)
+    torch.testing.assert_close(delta, torch.tensor([-0.01, -0.01, RLCR_FORMAT_PENALTY]))
+
+
+def test_episode_info_answered():
+    """``answered`` is 1 where some turn's info says the episode answered; absent on tasks whose infos never say."""
+    from types import SimpleNamespace
+
+    from reflectrl.llm.grpo import episode_info
+
+    infos = [[{"kind": "search"}, {"kind": "answer", "answered": True, "outcome": 1.0}],
+             [{"kind": "search"}, {"kind": "search", "answered": False, "truncated": True, "outcome": 0.0}],
+             [{"kind": "answer", "answered": True, "outcome": 0.0}, {"self_report": "confidence", "confidence": 0.3}]]
+    b = SimpleNamespace(infos=infos, rows=3, scores=torch.tensor([1.0, 0.0, 0.0]),
+                        correct=torch.tensor([True, False, False]))
+    torch.testing.assert_close(episode_info(b)["answered"], torch.tensor([1.0, 0.0, 1.0]))
+    b.infos = [[{"outcome": 1.0}], [{"outcome": 0.0}], [{"outcome": 0.0}]]
+    assert "answered" not in episode_info(b)
+
+
 class _StepwiseEngine:
     """A rag agent by script: a first turn that states 0.5 and searches the oracle query, then an answer that states
     0.9; right for the even problems of the train split, wrong for the odd ones, and no confidence on the answer of

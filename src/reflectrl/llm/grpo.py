@@ -488,7 +488,8 @@ def row_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:
 def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:
     """Per-row ``outcome``, ``correct`` and, where any row has one, ``reflection`` / ``confidence`` (NaN
     where missing) and ``report_asked`` (1 where the episode ended with a self-report turn), from each row's
-    last environment info."""
+    last environment info; ``answered`` (1 where some turn's info says the episode answered) on tasks whose infos
+    say it (rag, text2sql), and ``step_brier`` where turns state confidences."""
     last = [(rows[-1] if rows else {}) for rows in (batch.infos or [[] for _ in range(batch.rows)])]
     out = {"outcome": torch.tensor([float(i.get("outcome", s)) for i, s in zip(last, batch.scores.tolist())]),
            "correct": batch.correct.float()}
@@ -497,6 +498,9 @@ def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:
             out[key] = as_nan([i.get(key) for i in last])
     if any("self_report" in i for i in last):
         out["report_asked"] = torch.tensor([1.0 if "self_report" in i else 0.0 for i in last])
+    if any("answered" in i for rows in batch.infos or [] for i in rows):
+        out["answered"] = torch.tensor([1.0 if any(i.get("answered") is True for i in rows) else 0.0
+                                        for rows in batch.infos])
     stated = [turn_confidences(rows) for rows in batch.infos or []]
     if any(q is not None for qs in stated for q in qs):
         out["step_brier"] = step_brier(stated, out["correct"])

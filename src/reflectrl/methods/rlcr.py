@@ -13,6 +13,10 @@ Applied as a ``reward_delta`` at the episode's last token (before group normaliz
 turn's tokens on the calibration term's (the Brier term, or the format penalty), as refgrpo's split credit does.
 ``--rlcr-confidence steps`` (not the paper's form) scores every turn's stated confidence of a multi-turn episode
 (rag ``report=steps``: one after each retrieval and before the answer) by the mean of their Brier terms.
+``--rlcr-no-answer penalty`` gives an episode that ends without an answer (its turns used up) the format penalty,
+as the release's format rule does (its patterns require the answer tag); ``score`` (the default, the behaviour
+before the option) scores it as a wrong answer with its stated confidence(s), which under ``steps`` lets a policy
+that never answers and states low confidences earn about 0.
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ class RLCROptions:
     """final: the Brier term of the episode's confidence (the asked one, or the answer's inline one: the paper);
     steps: the mean Brier term of every agent turn's stated confidence against the outcome (a multi-turn task whose
     turns each open with one: rag ``report=steps``), the format penalty when a turn states none."""
+    rlcr_no_answer: Literal["score", "penalty"] = "score"
+    """An episode that ends without an answer (a multi-turn task's turns used up): score: a wrong answer, its stated
+    confidence(s) scored as any other; penalty: the format penalty (the release's format rule requires the answer
+    tag). Use penalty with --rlcr-confidence steps: under score a policy that never answers and states low
+    confidences earns about 0 (BENCHMARKS.md, rag)."""
     rlcr_credit: Credit = "episode"
     """episode: R = 1[correct] - (q - 1[correct])^2 on every token (the paper); split: the answer's tokens take the
     accuracy term's group advantage, the confidence turn's tokens the calibration term's."""
@@ -75,6 +84,13 @@ class RLCR:
             brier = float(((q[valid] - correct[valid]) ** 2).mean()) if valid.any() else float("nan")
         self._metrics = {"rlcr/reward_mean": float(target.mean()), "rlcr/missing_rate": float((~valid).float().mean()),
                          "rlcr/brier": brier}
+        answered = batch.info.get("answered")
+        if self.o.rlcr_no_answer == "penalty" and answered is not None:
+            unanswered = answered < 0.5
+            target = torch.where(unanswered, torch.full_like(target, self.o.rlcr_format_penalty), target)
+            valid = valid & ~unanswered
+            self._metrics["rlcr/unanswered_rate"] = float(unanswered.float().mean())
+            self._metrics["rlcr/reward_mean"] = float(target.mean())
         if self.o.rlcr_credit == "split":
             calibration = torch.where(valid, brier_term(correct, q), torch.full_like(q, self.o.rlcr_format_penalty))
             return split_credit(batch, calibration)

@@ -33,7 +33,9 @@ KEYS = {"accuracy": "training accuracy", "groups/zero_std_frac": "groups with on
         "losses/entropy": "token entropy", "rollout/tool_calls": "searches per episode"}
 LABELS = {**KEYS, "completion/truncated_frac": "completions cut at the token limit",
           "completion/mean_length": "completion length", "exgrpo/coef": "reflection coefficient",
-          "exgrpo/retired": "retired questions", "exgrpo/replay_share": "replayed share"}
+          "exgrpo/retired": "retired questions", "exgrpo/replay_share": "replayed share",
+          "calibration/mean_confidence": "mean stated confidence", "calibration/step_ece": "per-step ECE",
+          "rlcr/unanswered_rate": "episodes without an answer", "rollout/premature_rate": "premature answers"}
 COUNTS = {"exgrpo/retired", "exgrpo/buffer_questions"}
 
 

@@ -88,25 +88,32 @@ def test_step_brier_by_hand():
     assert math.isnan(float(got[2]))
 
 
-def test_rlcr_steps_rewards_the_mean_step_brier(tiny_dir):
+def _rlcr_shaped(opts, info: dict) -> tuple[torch.Tensor, dict]:
+    """rlcr's reward change at the last step of three 4-step rows with episode ``info``, and its metrics."""
     from reflectrl.methods.base import MethodRunner, StepBatch
-    from reflectrl.methods.rewards import RLCR_FORMAT_PENALTY
-    from reflectrl.methods.rlcr import RLCR, RLCROptions
+    from reflectrl.methods.rlcr import RLCR
 
     R, T = 3, 4
     end = torch.zeros(R, T, dtype=torch.bool)
     end[:, -1] = True
     z = torch.zeros(R, T)
+    b = StepBatch(states=torch.zeros(R, T, 2), features=torch.zeros(R, T, 2), rewards=z, values=z, advantages=z,
+                  returns=z, episode_end=end, terminated=end, next_values=z, mask=torch.ones(R, T), info=info)
+    m = RLCR(opts)
+    return MethodRunner(m).run(b).reward_delta[:, -1], m.metrics()
+
+
+def test_rlcr_steps_rewards_the_mean_step_brier(tiny_dir):
+    from reflectrl.methods.rewards import RLCR_FORMAT_PENALTY
+    from reflectrl.methods.rlcr import RLCROptions
+
     correct = torch.tensor([1.0, 0.0, 1.0])
     info = {"outcome": correct, "correct": correct, "confidence": torch.tensor([0.9, 0.9, 0.9]),
             "step_brier": torch.tensor([0.13, 0.53, float("nan")])}
-    b = StepBatch(states=torch.zeros(R, T, 2), features=torch.zeros(R, T, 2), rewards=z, values=z, advantages=z,
-                  returns=z, episode_end=end, terminated=end, next_values=z, mask=torch.ones(R, T), info=info)
-    m = RLCR(RLCROptions(rlcr_confidence="steps"))
-    sh = MethodRunner(m).run(b)
+    delta, met = _rlcr_shaped(RLCROptions(rlcr_confidence="steps"), info)
     # reward = 1[correct] - mean step Brier (the final confidence alone is not what is scored); NaN: the penalty
-    torch.testing.assert_close(sh.reward_delta[:, -1], torch.tensor([-0.13, -0.53, RLCR_FORMAT_PENALTY - 1.0]))
-    assert m.metrics()["rlcr/brier"] == pytest.approx(0.33) and m.metrics()["rlcr/missing_rate"] == pytest.approx(1 / 3)
+    torch.testing.assert_close(delta, torch.tensor([-0.13, -0.53, RLCR_FORMAT_PENALTY - 1.0]))
+    assert met["rlcr/brier"] == pytest.approx(0.33) and met["rlcr/missing_rate"] == pytest.approx(1 / 3)
     with pytest.raises(ConfigError, match="rlcr-confidence steps"):
         from reflectrl.algos import get_algo
 
@@ -118,24 +125,13 @@ def test_rlcr_steps_rewards_the_mean_step_brier(tiny_dir):
 def test_rlcr_no_answer_penalty():
     """--rlcr-no-answer penalty: an episode that ended without an answer gets the format penalty whatever its stated
     confidences; score (the default) scores it as a wrong answer; a batch without the info is left as it was."""
-    from reflectrl.methods.base import MethodRunner, StepBatch
     from reflectrl.methods.rewards import RLCR_FORMAT_PENALTY
-    from reflectrl.methods.rlcr import RLCR, RLCROptions
+    from reflectrl.methods.rlcr import RLCROptions
 
-    R, T = 3, 4
-    end = torch.zeros(R, T, dtype=torch.bool)
-    end[:, -1] = True
-    z = torch.zeros(R, T)
     correct = torch.tensor([1.0, 0.0, 0.0])
     info = {"outcome": correct, "correct": correct, "step_brier": torch.tensor([0.01, 0.25, 0.01]),
             "answered": torch.tensor([1.0, 1.0, 0.0])}  # row 2: turns used up, low confidences throughout
-
-    def shaped(opts, info):
-        b = StepBatch(states=torch.zeros(R, T, 2), features=torch.zeros(R, T, 2), rewards=z, values=z, advantages=z,
-                      returns=z, episode_end=end, terminated=end, next_values=z, mask=torch.ones(R, T), info=info)
-        m = RLCR(opts)
-        return MethodRunner(m).run(b).reward_delta[:, -1], m.metrics()
-
+    shaped = _rlcr_shaped
     delta, met = shaped(RLCROptions(rlcr_confidence="steps", rlcr_no_answer="penalty"), info)
     torch.testing.assert_close(delta, torch.tensor([-0.01, -0.25, RLCR_FORMAT_PENALTY]))
     assert met["rlcr/unanswered_rate"] == pytest.approx(1 / 3)

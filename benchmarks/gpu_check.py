@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 CLI = [sys.executable, "-m", "reflectrl"]
-TIMING = ("time/", "charts/tokens_per_s", "charts/samples_per_s", "charts/SPS")
 METHODS = ("refgrpo", "rlcr", "refgrpo-seed", "gear-seed", "gear", "exgrpo", "exgrpo-seed")
 
 
@@ -54,12 +53,16 @@ def _sh(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = 
 
 
 def _records(run: Path) -> list[dict[str, Any]]:
-    f = run / "metrics.jsonl"
-    return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
+    from reflectrl.runlog import read_metrics
+
+    return read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
 
 
 def _untimed(rec: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in rec.items() if not k.startswith(TIMING)}
+    """``rec`` without what two equal runs may differ in (timing, throughput, reward-cache hits)."""
+    from reflectrl.runlog import is_process_field
+
+    return {k: v for k, v in rec.items() if not is_process_field(k)}
 
 
 def _median(xs: list[float]) -> float | None:

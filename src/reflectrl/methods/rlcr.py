@@ -82,15 +82,14 @@ class RLCR:
             target = rlcr_reward(correct, q, self.o.rlcr_format_penalty)
             valid = ~torch.isnan(q)
             brier = float(((q[valid] - correct[valid]) ** 2).mean()) if valid.any() else float("nan")
-        self._metrics = {"rlcr/reward_mean": float(target.mean()), "rlcr/missing_rate": float((~valid).float().mean()),
-                         "rlcr/brier": brier}
+        missing = float((~valid).float().mean())
         answered = batch.info.get("answered")
-        if self.o.rlcr_no_answer == "penalty" and answered is not None:
-            unanswered = answered < 0.5
+        unanswered = answered < 0.5 if self.o.rlcr_no_answer == "penalty" and answered is not None else None
+        if unanswered is not None:  # the release's format rule: no answer tag, the format penalty
             target = torch.where(unanswered, torch.full_like(target, self.o.rlcr_format_penalty), target)
             valid = valid & ~unanswered
-            self._metrics["rlcr/unanswered_rate"] = float(unanswered.float().mean())
-            self._metrics["rlcr/reward_mean"] = float(target.mean())
+        self._metrics = {"rlcr/reward_mean": float(target.mean()), "rlcr/missing_rate": missing, "rlcr/brier": brier,
+                         **({} if unanswered is None else {"rlcr/unanswered_rate": float(unanswered.float().mean())})}
         if self.o.rlcr_credit == "split":
             calibration = torch.where(valid, brier_term(correct, q), torch.full_like(q, self.o.rlcr_format_penalty))
             return split_credit(batch, calibration)

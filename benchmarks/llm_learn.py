@@ -95,6 +95,8 @@ def main() -> None:
                          "--train-extra='--group-size 16'")
     ap.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
                     help="a task option added to the recipe's, in every phase (repeatable): --task-option report=steps")
+    ap.add_argument("--tiny-extra", default="",
+                    help="flags appended to the recipe's tiny-model flags, written with '=': --tiny-extra='--width 128'")
     ap.add_argument("--warmup-extra", default="",
                     help="flags appended to the recipe's warm-up flags, written with '=': --warmup-extra='--step-confidence'")
     a = ap.parse_args()
@@ -109,7 +111,7 @@ def main() -> None:
     limit = ["--limit", str(a.eval_limit)] if a.eval_limit else []
     target = a.warmup_target if a.warmup_target is not None else p["warmup_target"]
     if not (out / "warmup" / "config.json").exists():
-        run(["llm", "init-tiny", str(out / "tiny"), *p["tiny"], "--seed", str(a.seed)], log)
+        run(["llm", "init-tiny", str(out / "tiny"), *p["tiny"], *a.tiny_extra.split(), "--seed", str(a.seed)], log)
         t0 = time.perf_counter()
         warm = last_json(run(["llm", "warmup", "--model", str(out / "tiny"), "--task", a.task, "--out",
                               str(out / "warmup"), *p["warmup"], *a.warmup_extra.split(),
@@ -137,7 +139,7 @@ def main() -> None:
         "budget_seconds": a.rl_seconds, "warmup_seconds": round(warm["wall_s"], 1),
         "warmup_steps": warm["steps"], "updates": train["updates"], "n_heldout": after["n"],
         "before_ci": [round(x, 4) for x in before["ci"]], "after_ci": [round(x, 4) for x in after["ci"]],
-        "tiny": " ".join(p["tiny"]), "train_args": " ".join(train_args), "max_new_tokens": p["max_new_tokens"],
+        "tiny": " ".join([*p["tiny"], *a.tiny_extra.split()]), "train_args": " ".join(train_args), "max_new_tokens": p["max_new_tokens"],
         "warmup_target": target, "threads": a.threads, "warmup_extra": a.warmup_extra,
         "reward_wait_fraction": round(wait / iters, 4) if iters > 0 else None,
         # the task's episode metrics where its evaluation gives them (rag: searches, per-step confidences)

@@ -139,7 +139,8 @@ def main() -> None:
         "budget_seconds": a.rl_seconds, "warmup_seconds": round(warm["wall_s"], 1),
         "warmup_steps": warm["steps"], "updates": train["updates"], "n_heldout": after["n"],
         "before_ci": [round(x, 4) for x in before["ci"]], "after_ci": [round(x, 4) for x in after["ci"]],
-        "tiny": " ".join([*p["tiny"], *a.tiny_extra.split()]), "train_args": " ".join(train_args), "max_new_tokens": p["max_new_tokens"],
+        "tiny": " ".join([*p["tiny"], *a.tiny_extra.split()]), "train_args": " ".join(train_args),
+        "max_new_tokens": p["max_new_tokens"],
         "warmup_target": target, "threads": a.threads, "warmup_extra": a.warmup_extra,
         "reward_wait_fraction": round(wait / iters, 4) if iters > 0 else None,
         # the task's episode metrics where its evaluation gives them (rag: searches, per-step confidences)

@@ -28,6 +28,11 @@ RES = Path(__file__).resolve().parent / "results"
 BAR = 15.0
 
 
+def variant_slug(variant: str | None) -> str:
+    """The part of a results file's name that a variant label gives (``-`` and the label, non-alphanumerics as ``-``)."""
+    return "-" + "".join(c if c.isalnum() else "-" for c in variant) if variant else ""
+
+
 def collect(dirs: list[Path], variant: str | None = None) -> None:
     for d in dirs:
         src = d / "result.json"
@@ -37,8 +42,7 @@ def collect(dirs: list[Path], variant: str | None = None) -> None:
         r = json.loads(src.read_text())
         if variant:
             r["variant"] = variant
-        slug = "-" + "".join(c if c.isalnum() else "-" for c in variant) if variant else ""
-        dst = RES / f"llm_learn_{r['task']}{slug}_s{r['seed']}.json"
+        dst = RES / f"llm_learn_{r['task']}{variant_slug(variant)}_s{r['seed']}.json"
         metrics = d / "grpo" / "metrics.jsonl"
         if r.get("reward_wait_fraction") is None and metrics.is_file():
             # results written before llm_learn.py reported it: take it from the GRPO run's metrics when

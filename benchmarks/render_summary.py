@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import sys
 from pathlib import Path
 
 RES = Path(__file__).resolve().parent / "results"
@@ -50,10 +51,14 @@ def early_none(claims: dict) -> bool:
     return all(rec["early_verdict"] != "holds" for e in claims["envs"].values() for rec in e["methods"].values())
 
 
-def llm_gain_list(task: str) -> list[float]:
-    """The held-out gains of the task's current-recipe llm_learn runs, one per seed (``task`` may carry a variant's
-    file slug: ``rag-recipe-again--every-held-out-problem``)."""
-    return [json.loads(p.read_text())["gain_points"] for p in sorted(RES.glob(f"llm_learn_{task}_s*.json"))]
+def llm_gain_list(task: str, variant: str | None = None) -> list[float]:
+    """The held-out gains of the task's llm_learn runs, one per seed: the current recipe's, or those collected with
+    the label ``variant`` (``render_llm.py --collect --variant``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from render_llm import variant_slug
+
+    name = f"llm_learn_{task}{variant_slug(variant)}_s*.json"
+    return [json.loads(p.read_text())["gain_points"] for p in sorted(RES.glob(name))]
 
 
 def llm_gains(task: str) -> tuple[float, float, int] | None:
@@ -98,7 +103,7 @@ def main() -> None:
         out.append(f"on the rag search task it raises held-out accuracy by {rag[0]:+.0f} to {rag[1]:+.0f} points "
                    f"({rag[2]} seeds, the same budget; the 15-point bar is met in {met} of {len(gains)}"
                    + ("; BENCHMARKS.md shows where the others' updates went)" if met < len(gains) else ")"))
-        again = llm_gain_list("rag-recipe-again--every-held-out-problem")
+        again = llm_gain_list("rag", "recipe again, every held-out problem")
         if again:
             out.append(f"run again on every held-out question with {len(again)} seeds, it clears the bar in "
                        f"{sum(g >= 15 for g in again)} of {len(again)}")

@@ -12,6 +12,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from render_llm import variant_slug  # noqa: E402
+
 RES = Path(__file__).resolve().parent / "results"
 
 
@@ -54,9 +57,6 @@ def early_none(claims: dict) -> bool:
 def llm_gain_list(task: str, variant: str | None = None) -> list[float]:
     """The held-out gains of the task's llm_learn runs, one per seed: the current recipe's, or those collected with
     the label ``variant`` (``render_llm.py --collect --variant``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from render_llm import variant_slug
-
     name = f"llm_learn_{task}{variant_slug(variant)}_s*.json"
     return [json.loads(p.read_text())["gain_points"] for p in sorted(RES.glob(name))]
 

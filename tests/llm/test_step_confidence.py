@@ -131,20 +131,19 @@ def test_rlcr_no_answer_penalty():
     correct = torch.tensor([1.0, 0.0, 0.0])
     info = {"outcome": correct, "correct": correct, "step_brier": torch.tensor([0.01, 0.25, 0.01]),
             "answered": torch.tensor([1.0, 1.0, 0.0])}  # row 2: turns used up, low confidences throughout
-    shaped = _rlcr_shaped
-    delta, met = shaped(RLCROptions(rlcr_confidence="steps", rlcr_no_answer="penalty"), info)
+    delta, met = _rlcr_shaped(RLCROptions(rlcr_confidence="steps", rlcr_no_answer="penalty"), info)
     torch.testing.assert_close(delta, torch.tensor([-0.01, -0.25, RLCR_FORMAT_PENALTY]))
     assert met["rlcr/unanswered_rate"] == pytest.approx(1 / 3)
-    delta, met = shaped(RLCROptions(rlcr_confidence="steps"), info)
+    delta, met = _rlcr_shaped(RLCROptions(rlcr_confidence="steps"), info)
     torch.testing.assert_close(delta, torch.tensor([-0.01, -0.25, -0.01]))  # never answering costs about nothing
     assert "rlcr/unanswered_rate" not in met
     no_info = {k: v for k, v in info.items() if k != "answered"}
-    delta, _ = shaped(RLCROptions(rlcr_confidence="steps", rlcr_no_answer="penalty"), no_info)
+    delta, _ = _rlcr_shaped(RLCROptions(rlcr_confidence="steps", rlcr_no_answer="penalty"), no_info)
     torch.testing.assert_close(delta, torch.tensor([-0.01, -0.25, -0.01]))
     # the final form too: the asked confidence of an unanswered episode does not save it
     final = {"outcome": correct, "correct": correct, "confidence": torch.tensor([0.9, 0.1, 0.1]),
              "answered": torch.tensor([1.0, 1.0, 0.0])}
-    delta, _ = shaped(RLCROptions(rlcr_no_answer="penalty"), final)
+    delta, _ = _rlcr_shaped(RLCROptions(rlcr_no_answer="penalty"), final)
     torch.testing.assert_close(delta, torch.tensor([-0.01, -0.01, RLCR_FORMAT_PENALTY]))
 
 

@@ -11,7 +11,7 @@ import pytest
 from reflectrl.errors import ConfigError
 from reflectrl.tasks.base import get_task
 from reflectrl.tasks.cli import main, validate
-from reflectrl.tasks.rag import INVALID, NO_RESULTS, RAGTask, exact_match, normalize_answer, parse_turn, token_f1
+from reflectrl.tasks.rag import INVALID, NO_RESULTS, RAGTask, char_similarity, exact_match, normalize_answer, parse_turn, token_f1
 from reflectrl.tasks.rag_kb import generate_kb
 
 pytestmark = pytest.mark.timeout(120)
@@ -198,6 +198,31 @@ def test_f1_metric_option():
     _, reward, _, info = env.step(f"<answer>{p.answer} Smith</answer>")
     assert reward == pytest.approx(2 / 3) and info["f1"] == pytest.approx(2 / 3) and info["em"] == 0.0
     assert not info["correct"] and t.score(p, f"<answer>{p.answer}</answer>") == 1.0
+
+
+def test_char_similarity_by_hand():
+    # difflib's ratio 2M/T: "fedad" vs "fedam" share the block "feda" (M=4) of T=10 characters -> 0.8
+    assert char_similarity("Fedad", ["Fedam"]) == pytest.approx(0.8)
+    # "1977" vs "1979": block "197" (M=3), T=8 -> 0.75; "rome" vs "riga": "r" (M=1), T=8 -> 0.25
+    assert char_similarity("1977", ["1979"]) == pytest.approx(0.75)
+    assert char_similarity("Rome", ["Riga", "Oslo"]) == pytest.approx(0.25)
+    assert char_similarity("the Lima.", ["Oslo", "lima"]) == 1.0 and char_similarity("", ["Lima"]) == 0.0
+    assert char_similarity("", [""]) == 1.0
+
+
+def test_chars_metric_option_rewards_near_copies_and_counts_only_exact_ones_correct():
+    t = RAGTask(metric="chars", n_companies=4)
+    p = _find(t, "c_founder")
+    env = t.make_env()
+    env.reset(p)
+    near = p.answer[:-1] + ("a" if p.answer[-1] != "a" else "e")  # one letter wrong
+    _, reward, _, info = env.step(f"<answer>{near}</answer>")
+    expected = 2 * (len(p.answer) - 1) / (2 * len(p.answer))
+    assert reward == pytest.approx(expected) and info["chars"] == pytest.approx(expected)
+    assert info["em"] == 0.0 and not info["correct"] and info["premature"]  # no search: answered wrong too early
+    assert t.score(p, f"<answer>{p.answer}</answer>") == 1.0
+    with pytest.raises(ConfigError, match="em, f1, chars"):
+        RAGTask(metric="bleu", n_companies=2)
 
 
 def test_stop_sequences_and_prompts():

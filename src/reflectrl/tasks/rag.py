@@ -3,7 +3,8 @@
 Each turn the agent writes either ``<search>QUERY</search>`` (the environment returns the top-``k``
 passages as feedback text, which the trainer masks out of the loss; ``no results`` when nothing matches)
 or ``<answer>ANSWER</answer>`` (the episode ends). The outcome is the SQuAD-style exact match of the
-normalized answer against any reference answer (token F1 with ``metric="f1"``); it is the final reward and
+normalized answer against any reference answer (token F1 with ``metric="f1"``, the character similarity
+:func:`char_similarity` with ``metric="chars"``: partial credit for a near-copy); it is the final reward and
 appears in ``info`` but never in the text the agent sees. A turn's ``<confidence>`` / ``<reflect>`` tags
 are parsed into that turn's ``info``.
 
@@ -51,6 +52,7 @@ STOP_SEQUENCES = {"off": ("</search>", "</answer>"), "confidence": ("</search>",
 NO_RESULTS = "\nno results\n"
 INVALID = "\nerror: write <search>QUERY</search> to search or <answer>ANSWER</answer> to answer\n"
 _TAG = re.compile(r"<(search|answer)>", re.IGNORECASE)
+METRICS = ("em", "f1", "chars")  # the outcome: exact match, token F1, character similarity
 DETOURS = ("relation", "typo")  # the wrong searches of a stepwise demonstration (a typo keeps a letter's kind)
 
 
@@ -86,6 +88,20 @@ def token_f1(prediction: str, answers: Sequence[str]) -> float:
         if same:
             p, r = same / len(pred), same / len(gold)
             best = max(best, 2 * p * r / (p + r))
+    return best
+
+
+def char_similarity(prediction: str, answers: Sequence[str]) -> float:
+    """The best character-level similarity of the normalized prediction to a normalized answer: difflib's
+    ``SequenceMatcher.ratio``, 2 * (characters in matching blocks) / (total length); 1.0 only for an exact
+    match (both empty counts 1). Partial credit for an answer copied with a wrong letter or digit."""
+    from difflib import SequenceMatcher
+
+    pred = normalize_answer(prediction)
+    best = 0.0
+    for answer in answers:
+        gold = normalize_answer(answer)
+        best = max(best, 1.0 if pred == gold else SequenceMatcher(None, pred, gold, autojunk=False).ratio())
     return best
 
 
@@ -198,8 +214,8 @@ class RAGTask:
         self.people = _int_option("people", people, 1)
         self.passage_chars = _int_option("passage_chars", passage_chars, 20)
         self.seed = _int_option("seed", seed, -(2 ** 63))
-        if metric not in ("em", "f1"):
-            raise ConfigError(f"rag metric must be em or f1, got {metric!r}")
+        if metric not in METRICS:
+            raise ConfigError(f"rag metric must be one of {', '.join(METRICS)}, got {metric!r}")
         if report not in STOP_SEQUENCES:
             raise ConfigError(f"rag report must be one of {', '.join(STOP_SEQUENCES)}, got {report!r}")
         if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, (int, float)) \
@@ -269,11 +285,14 @@ class RAGTask:
 
     # ------------------------------------------------------------------ verifier
     def outcome(self, problem: Problem, answer: str) -> dict[str, float]:
-        """``{"outcome", "em", "f1"}`` of an answer: the outcome is ``em`` or ``f1`` (the ``metric`` option)."""
+        """``{"outcome", "em", "f1"}`` of an answer (and ``chars`` with ``metric="chars"``): the outcome is the
+        one the ``metric`` option names. Whatever the metric, an episode is *correct* on an exact match."""
         answer = answer[:ANSWER_CHARS] if isinstance(answer, str) else ""
         answers = problem.meta["answers"]
-        em, f1 = exact_match(answer, answers), token_f1(answer, answers)
-        return {"outcome": em if self.metric == "em" else f1, "em": em, "f1": f1}
+        scores = {"em": exact_match(answer, answers), "f1": token_f1(answer, answers)}
+        if self.metric == "chars":
+            scores["chars"] = char_similarity(answer, answers)
+        return {"outcome": scores[self.metric], **scores}
 
     def score(self, problem: Problem, completion: Any) -> float:
         """Outcome of the completion's first ``<answer>`` (0.0 without one), so it also scores a transcript."""

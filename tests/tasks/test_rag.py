@@ -420,3 +420,45 @@ def test_rollout_marks_feedback_as_environment_tokens(tmp_path, task):
         assert "</search>" in policy_text and p.answer in policy_text and not any(f in policy_text for f in feedback)
         assert float(batch.scores[r]) == 1.0 and bool(batch.correct[r])
         assert batch.infos[r][-1]["confidence"] == 0.75 and batch.infos[r][-1]["searches"] == p.meta["hops"]
+
+
+def test_search_credit_pays_each_hop_once_and_leaves_correct_alone():
+    t = RAGTask(n_companies=4, search_credit=0.5)
+    p = _find(t, "p_employer_city")  # two hops: works, then based
+    env = t.make_env(max_turns=6)
+    env.reset(p)
+    first, second = p.meta["queries"]
+    # a search that misses both facts earns nothing; each hop's fact earns 0.5 / 2 the first time only
+    rewards = [env.step(f"<search>{q}</search>")[1] for q in ("zzqx", first, first)]
+    assert rewards == [0.0, 0.25, 0.0]
+    _, r, done, info = env.step(f"<search>{second}</search>")
+    assert r == 0.25 and info["found_hops"] == 2 and not done
+    # the answer's reward is the outcome alone; wrong, it earns 0 and is not correct
+    env2 = t.make_env()
+    env2.reset(p)
+    env2.step(f"<search>{first}</search>")
+    _, r, done, info = env2.step("<answer>nowhere</answer>")
+    assert done and r == 0.0 and not info["correct"] and info["found_hops"] == 1
+    # the whole oracle episode sums to 1 + search_credit; without the option every search earns 0
+    total = sum(step[1] for step in _play(t, p))
+    assert total == pytest.approx(1.5)
+    assert [step[1] for step in _play(RAGTask(n_companies=4), p)] == [0.0, 0.0, 1.0]
+    for bad in (-0.1, 1.5, "x", True):
+        with pytest.raises(ConfigError, match="search_credit"):
+            RAGTask(n_companies=2, search_credit=bad)
+
+
+def _play(task: RAGTask, p) -> list[tuple]:
+    env = task.make_env()
+    env.reset(p)
+    return [env.step(turn)[:3] for turn, _ in task.demonstration_turns(p)]
+
+
+def test_search_credit_on_a_user_collection_counts_a_result_holding_the_answer(user_files):
+    corpus, questions = user_files
+    t = RAGTask(corpus=corpus, questions=questions, k=1, search_credit=0.4)
+    env = t.make_env()
+    env.reset(t.problems("heldout")[0])  # answers: Danube
+    assert env.step("<search>Eiffel</search>")[1] == 0.0
+    assert env.step("<search>Vienna</search>")[1] == pytest.approx(0.4)
+    assert env.step("<search>Vienna</search>")[1] == 0.0

@@ -207,7 +207,8 @@ class RAGTask:
 
     def __init__(self, k: int = 2, max_turns: int = 4, metric: str = "em", report: str = "confidence",
                  instructions: bool = True, n_companies: int = 48, people: int = 3, heldout_fraction: float = 0.2,
-                 seed: int = 0, corpus: str | None = None, questions: str | None = None, passage_chars: int = 300):
+                 seed: int = 0, corpus: str | None = None, questions: str | None = None, passage_chars: int = 300,
+                 search_credit: float = 0.0):
         self.k = _int_option("k", k, 1, 50)
         self.max_turns = _int_option("max_turns", max_turns, 1)
         self.n_companies = _int_option("n_companies", n_companies, 1)
@@ -221,6 +222,9 @@ class RAGTask:
         if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, (int, float)) \
                 or not 0 <= heldout_fraction <= 1:
             raise ConfigError(f"rag heldout_fraction must be a number in [0, 1], got {heldout_fraction!r}")
+        if isinstance(search_credit, bool) or not isinstance(search_credit, (int, float)) or not 0 <= search_credit <= 1:
+            raise ConfigError(f"rag search_credit must be a number in [0, 1], got {search_credit!r}")
+        self.search_credit = float(search_credit)
         if not isinstance(instructions, bool):
             raise ConfigError(f"rag instructions must be true or false, got {instructions!r}")
         if (corpus is None) != (questions is None):
@@ -423,17 +427,22 @@ class RAGEnv:
         self.task, self.max_turns, self.index = task, max_turns, task.index()
         self.problem: Problem | None = None
         self.turns, self.searches, self.done = 0, 0, True
+        self.found = set()
 
     def reset(self, problem: Problem) -> str:
         """Start an episode; return the prompt."""
         self.problem, self.turns, self.searches, self.done = problem, 0, 0, False
+        self.found: set[int] = set()  # hops whose fact a search has returned (search_credit)
         return problem.prompt
 
     def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
-        """One agent turn -> (feedback text, reward, done, info); the reward is the outcome, at the end only."""
+        """One agent turn -> (feedback text, reward, done, info). The reward is the outcome, at the end; with the
+        ``search_credit`` option a search that first returns the fact of one of the question's hops also earns
+        ``search_credit / hops`` (so an episode's rewards sum to at most ``1 + search_credit``)."""
         if self.done or self.problem is None:
             raise RuntimeError("step() called on a finished episode; call reset(problem) first")
         self.turns += 1
+        step_reward = 0.0
         kind, content = parse_turn(text)
         report = self_report(text) if isinstance(text, str) else {}
         hops = int(self.problem.meta.get("hops", 1))
@@ -442,6 +451,8 @@ class RAGEnv:
             info = {"kind": "answer", **scores, "correct": scores["em"] == 1.0, "answered": True, "answer": content,
                     "turns": self.turns, "searches": self.searches, "hops": hops,
                     "premature": scores["em"] < 1.0 and self.searches < hops, **report}
+            if self.task.search_credit > 0:
+                info["found_hops"] = len(self.found)
             self.done = True
             return "", float(scores["outcome"]), True, info
         if kind == "search":
@@ -449,11 +460,33 @@ class RAGEnv:
             found = self.index.search(content, self.task.k)
             feedback = render(found, self.task.passage_chars)
             info = {"kind": "search", "query": content, "results": len(found), "searches": self.searches}
+            if self.task.search_credit > 0:
+                new = self._new_hops(found, feedback, hops)
+                info["found_hops"] = len(self.found)
+                step_reward = self.task.search_credit * new / hops
         else:
             feedback, info = INVALID, {"kind": "invalid", "error": True}
         info.update(turns=self.turns, **report)
+        if self.task.search_credit > 0 and "found_hops" not in info:
+            info["found_hops"] = len(self.found)
         if self.turns >= self.max_turns:
             self.done = True
-            return "", 0.0, True, {**info, "outcome": 0.0, "em": 0.0, "f1": 0.0, "correct": False, "answered": False,
+            return "", step_reward, True, {**info, "outcome": 0.0, "em": 0.0, "f1": 0.0, "correct": False, "answered": False,
                                    "truncated": True, "searches": self.searches, "hops": hops, "premature": False}
-        return feedback, 0.0, False, info
+        return feedback, step_reward, False, info
+
+    def _new_hops(self, found: Sequence[Passage], feedback: str, hops: int) -> int:
+        """How many hops this search newly found (then remembered): on the generated knowledge base, hops whose
+        fact passage is among the results; on a user's collection, a result text holding a reference answer
+        (found once: it counts every hop)."""
+        meta = self.problem.meta
+        if meta.get("support"):
+            ids = {p.id for p in found}
+            hit = {h for h, pid in enumerate(meta["support"]) if pid in ids}
+        else:
+            answers = [normalize_answer(a) for a in meta["answers"]]
+            text = normalize_answer(feedback)
+            hit = set(range(hops)) if any(a and a in text for a in answers) else set()
+        new = hit - self.found
+        self.found |= new
+        return len(new)

@@ -5,7 +5,8 @@ passages as feedback text, which the trainer masks out of the loss; ``no results
 or ``<answer>ANSWER</answer>`` (the episode ends). The outcome is the SQuAD-style exact match of the
 normalized answer against any reference answer (token F1 with ``metric="f1"``, the character similarity
 :func:`char_similarity` with ``metric="chars"``: partial credit for a near-copy); it is the final reward and
-appears in ``info`` but never in the text the agent sees. A turn's ``<confidence>`` / ``<reflect>`` tags
+appears in ``info`` but never in the text the agent sees (``search_credit`` adds a step reward to a search that
+first finds one of the question's facts). A turn's ``<confidence>`` / ``<reflect>`` tags
 are parsed into that turn's ``info``.
 
 The collection is a generated knowledge base (:mod:`reflectrl.tasks.rag_kb`, single- and two-hop
@@ -427,12 +428,12 @@ class RAGEnv:
         self.task, self.max_turns, self.index = task, max_turns, task.index()
         self.problem: Problem | None = None
         self.turns, self.searches, self.done = 0, 0, True
-        self.found = set()
+        self.found: set[int] = set()  # hops whose fact a search has returned (search_credit)
 
     def reset(self, problem: Problem) -> str:
         """Start an episode; return the prompt."""
         self.problem, self.turns, self.searches, self.done = problem, 0, 0, False
-        self.found: set[int] = set()  # hops whose fact a search has returned (search_credit)
+        self.found = set()
         return problem.prompt
 
     def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:

@@ -429,17 +429,20 @@ class RAGEnv:
         self.problem: Problem | None = None
         self.turns, self.searches, self.done = 0, 0, True
         self.found: set[int] = set()  # hops whose fact a search has returned (search_credit)
+        self.needs: list[Callable[[str], bool]] = []
 
     def reset(self, problem: Problem) -> str:
         """Start an episode; return the prompt."""
         self.problem, self.turns, self.searches, self.done = problem, 0, 0, False
         self.found = set()
+        self.needs = self.task._needs(problem) if self.task.search_credit > 0 else []
         return problem.prompt
 
     def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
         """One agent turn -> (feedback text, reward, done, info). The reward is the outcome, at the end; with the
-        ``search_credit`` option a search that first returns the fact of one of the question's hops also earns
-        ``search_credit / hops`` (so an episode's rewards sum to at most ``1 + search_credit``)."""
+        ``search_credit`` option a search whose results first hold what one of the question's hops needs (the test
+        of :meth:`RAGTask.stepwise_demonstration`: the hop's fact, or on a user's collection a reference answer)
+        also earns ``search_credit / hops`` (so an episode's rewards sum to at most ``1 + search_credit``)."""
         if self.done or self.problem is None:
             raise RuntimeError("step() called on a finished episode; call reset(problem) first")
         self.turns += 1
@@ -452,7 +455,7 @@ class RAGEnv:
             info = {"kind": "answer", **scores, "correct": scores["em"] == 1.0, "answered": True, "answer": content,
                     "turns": self.turns, "searches": self.searches, "hops": hops,
                     "premature": scores["em"] < 1.0 and self.searches < hops, **report}
-            if self.task.search_credit > 0:
+            if self.needs:
                 info["found_hops"] = len(self.found)
             self.done = True
             return "", float(scores["outcome"]), True, info
@@ -461,33 +464,17 @@ class RAGEnv:
             found = self.index.search(content, self.task.k)
             feedback = render(found, self.task.passage_chars)
             info = {"kind": "search", "query": content, "results": len(found), "searches": self.searches}
-            if self.task.search_credit > 0:
-                new = self._new_hops(found, feedback, hops)
-                info["found_hops"] = len(self.found)
-                step_reward = self.task.search_credit * new / hops
+            if self.needs:
+                new = {h for h, need in enumerate(self.needs) if need(feedback)} - self.found
+                self.found |= new
+                step_reward = self.task.search_credit * len(new) / len(self.needs)
         else:
             feedback, info = INVALID, {"kind": "invalid", "error": True}
         info.update(turns=self.turns, **report)
-        if self.task.search_credit > 0 and "found_hops" not in info:
+        if self.needs:
             info["found_hops"] = len(self.found)
         if self.turns >= self.max_turns:
             self.done = True
             return "", step_reward, True, {**info, "outcome": 0.0, "em": 0.0, "f1": 0.0, "correct": False, "answered": False,
                                    "truncated": True, "searches": self.searches, "hops": hops, "premature": False}
         return feedback, step_reward, False, info
-
-    def _new_hops(self, found: Sequence[Passage], feedback: str, hops: int) -> int:
-        """How many hops this search newly found (then remembered): on the generated knowledge base, hops whose
-        fact passage is among the results; on a user's collection, a result text holding a reference answer
-        (found once: it counts every hop)."""
-        meta = self.problem.meta
-        if meta.get("support"):
-            ids = {p.id for p in found}
-            hit = {h for h, pid in enumerate(meta["support"]) if pid in ids}
-        else:
-            answers = [normalize_answer(a) for a in meta["answers"]]
-            text = normalize_answer(feedback)
-            hit = set(range(hops)) if any(a and a in text for a in answers) else set()
-        new = hit - self.found
-        self.found |= new
-        return len(new)

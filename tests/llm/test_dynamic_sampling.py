@@ -96,3 +96,23 @@ def test_real_rollouts_concatenate(tiny_dir, tmp_path):
     assert rec["groups/gen_batches"] == 2 and t.cursor == 6 and t.last_batch.rows == 12
     assert len(set(t.last_batch.index.tolist())) == 6
     assert all(v == v for v in rec.values() if isinstance(v, float))
+
+
+def test_no_grad_pass_runs_on_the_kept_rows_only(tiny_dir, tmp_path):
+    """With nothing but the loss reading the batch, the old log-probs come from a pass over the kept rows: the
+    same numbers, bit for bit, as the pass over the whole refilled batch."""
+    import torch
+
+    t = make(tiny_dir, tmp_path, max_gen_batches=0, minibatches=2)  # two minibatches: old log-probs are needed
+    scripted(t, [[0.0] * 6, TWO, TWO])
+    seen, trained = [], []
+    prepare = t.prepare
+    t.prepare = lambda b: (seen.append(b.rows), prepare(b))[1]
+    t.update = lambda b: (trained.append(b), {"losses/optimizer_steps": 0})[1]
+    t.iteration()
+    (train,) = trained
+    assert seen == [6] and train.rows == 6 and train.old_logp.shape == train.response_ids.shape
+    whole = t.last_batch  # 18 rows; the weights are unchanged (the update was replaced)
+    prepare(whole)
+    keep = torch.isin(whole.index, train.index.unique())
+    assert torch.equal(whole.old_logp[keep][:, :train.steps], train.old_logp)

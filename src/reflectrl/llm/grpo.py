@@ -245,6 +245,9 @@ class GRPO(PolicyUpdate, Trainer):
         # may be refilled.
         refill = cfg.max_gen_batches != 1
         early = not pending.finished and not any(h.changes_batch for h in self.hooks) and not refill
+        # Dynamic sampling with nothing but the loss reading the batch: the no-grad pass runs on the rows that
+        # train only (most of a refilled batch is left out), after the filter.
+        lean = refill and not (self.methods or self.hooks or self.critic)
         if early:
             self.prepare(pending.tokens())
         t_prep = time.perf_counter()
@@ -256,11 +259,11 @@ class GRPO(PolicyUpdate, Trainer):
         self.global_step += int(self.dist.sum_floats([batch.rows])[0])  # every process's rows
         for h in self.hooks:
             batch = h.after_rollout(self, batch) or batch
-        if not early:
+        if not (early or lean):
             self.prepare(batch)
         for h in self.hooks:
             h.after_prepare(self, batch)
-        gap = self.engine_correction(batch)
+        gap = {} if lean else self.engine_correction(batch)
         t1 = time.perf_counter()
         self.advantages(batch)
         self.apply_methods(batch)
@@ -282,6 +285,14 @@ class GRPO(PolicyUpdate, Trainer):
                 rec["groups/gen_batches"] = gen_rounds
             train = batch.select(keep) if keep.numel() else None
             rec["groups/kept_rows"] = int(keep.numel())
+        t_lean = time.perf_counter()
+        if lean and train is not None:  # on the untrimmed rows: the same numbers as the pass over the whole batch
+            full = batch.select(keep, trim=False)
+            self.prepare(full)
+            C = train.steps
+            train.old_logp, train.ref_logp = (None if x is None else x[:, :C] for x in (full.old_logp, full.ref_logp))
+            rec.update(self.engine_correction(train))
+        t_lean = time.perf_counter() - t_lean
         losses = self.update(train) if train is not None or self.dist.active else {"losses/optimizer_steps": 0}
         for h in self.hooks:
             h.after_update(self, batch)
@@ -289,8 +300,9 @@ class GRPO(PolicyUpdate, Trainer):
         t2 = time.perf_counter()
         rec.update(losses)
         rec.update(rstats.as_metrics())
-        rec.update({"time/rollout": (t_gen - t0) + (t_wait - t_prep), "time/prepare": (t_prep - t_gen) + (t1 - t_wait),
-                    "time/update": t2 - t1, "time/iteration": t2 - t0,
+        rec.update({"time/rollout": (t_gen - t0) + (t_wait - t_prep),
+                    "time/prepare": (t_prep - t_gen) + (t1 - t_wait) + t_lean,
+                    "time/update": t2 - t1 - t_lean, "time/iteration": t2 - t0,
                     "time/reward_fraction": rstats.env_wait_s / max(t2 - t0, 1e-9),
                     "charts/tokens_per_s": rstats.generated_tokens / max(t2 - t0, 1e-9)})
         for m in [*self.methods, *self.hooks]:

@@ -38,15 +38,12 @@ EPISODE_KEYS = ("tool_calls", "premature_rate", "step_reports", "step_ece", "ste
 
 def preset(task: str, task_options: tuple[str, ...] = ()) -> dict:
     """The recipe's flags of each phase; ``task_options`` (KEY=VALUE) are added to the recipe's own (a later one wins)."""
-    import dataclasses
-
     from reflectrl.llm.recipes import recipe
     from reflectrl.tasks.base import get_task
 
-    r = recipe(task)
-    r = dataclasses.replace(r, task_options=(*r.task_options, *task_options))
+    r = recipe(task).with_options(task_options)
     return {"tiny": list(r.tiny), "warmup": [*r.warmup, *r.task_flags()], "warmup_target": r.warmup_target,
-            "train": [*r.train, *r.task_flags()], "eval": list(r.task_flags("--set")),
+            "train": [*r.train, *r.task_flags(train=True)], "eval": list(r.task_flags("--set")),
             "max_new_tokens": MAX_NEW_TOKENS.get(task, int(getattr(get_task(task), "max_new_tokens", 32)))}
 
 
@@ -85,7 +82,7 @@ def main() -> None:
     ap.add_argument("--rl-seconds", type=float, default=600.0, help="time budget of the GRPO phase")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="budget in CPU seconds of the training process and the processes it runs (sandboxed "
-                         "tests) (default; independent of other load on a shared machine) or wall seconds")
+                         "tests) (default; much less dependent on other load on a shared machine) or wall seconds")
     ap.add_argument("--warmup-target", type=float, default=None, help="stop warm-up at this train accuracy")
     ap.add_argument("--eval-limit", type=int, default=None, help="held-out problems to evaluate (default all)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each phase")

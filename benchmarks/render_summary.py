@@ -102,11 +102,11 @@ def main() -> None:
         met = sum(g >= 15 for g in gains)
         out.append(f"on the rag search task it raises held-out accuracy by {rag[0]:+.0f} to {rag[1]:+.0f} points "
                    f"({rag[2]} seeds, the same budget; the 15-point bar is met in {met} of {len(gains)}"
-                   + ("; BENCHMARKS.md shows where the others' updates went)" if met < len(gains) else ")"))
+                   + ("; BENCHMARKS.md shows where the seeds below it fail)" if met < len(gains) else ")"))
         again = llm_gain_list("rag", "recipe again, every held-out problem")
         if again:
-            out.append(f"run again on every held-out question with {len(again)} seeds, it clears the bar in "
-                       f"{sum(g >= 15 for g in again)} of {len(again)}")
+            out.append(f"the recipe before its search credit and dynamic sampling cleared the bar in "
+                       f"{sum(g >= 15 for g in again)} of {len(again)} seeds")
     waits = [json.loads(p.read_text()).get("reward_wait_fraction") for p in sorted(RES.glob("llm_learn_codegen_s*.json"))]
     waits = [w for w in waits if w is not None]
     if waits:

@@ -70,7 +70,23 @@ def test_a_recipe_s_task_options_reach_every_run():
                        {("rag", 1): "m", ("arith", 1): "m"}, None, (), ())
     rag, arith = ([s for s in specs if s.env_id == t][0] for t in ("rag", "arith"))
     i = rag.train_args.index("--task-options")
-    assert rag.train_args[i + 1] == "n_companies=1000" and "--task-options" not in arith.train_args
+    # the search credit is the training's alone: not in the warm-up's or the evaluations' flags above
+    assert rag.train_args[i + 1:i + 3] == ("n_companies=1000", "search_credit=1.0")
+    assert "--task-options" not in arith.train_args
+
+
+def test_a_user_s_task_option_overrides_a_training_only_one():
+    """``with_options`` adds a user's options in every phase; one with the key of a training-only option replaces it
+    (the later key wins when the flags are parsed, so the training would otherwise keep the recipe's)."""
+    from reflectrl.llm.recipes import recipe
+    from reflectrl.tasks.base import parse_options
+
+    r = recipe("rag").with_options(("search_credit=0", "report=steps"))
+    train = r.task_flags(train=True)[1:]
+    assert parse_options(train) == {"n_companies": 1000, "search_credit": 0, "report": "steps"}
+    assert r.task_flags() == ("--task-options", "n_companies=1000", "search_credit=0", "report=steps")
+    kept = recipe("rag").with_options(("report=steps",)).task_flags(train=True)[1:]
+    assert parse_options(kept)["search_credit"] == 1.0 and recipe("rag").with_options(()) == recipe("rag")
 
 
 def _fake_cli(calls: list[list[str]]):
@@ -138,4 +154,4 @@ def test_task_options_and_step_confidence_reach_warmups_and_runs(tmp_path: Path,
     specs = llm_compare.build_grid([parse_method("grpo", "llm")], ["rag"], [1], tmp_path, {("rag", 1): path}, None, (),
                                    (), task_options=["report=steps"])
     i = specs[0].train_args.index("--task-options")
-    assert specs[0].train_args[i + 1:i + 3] == ("n_companies=1000", "report=steps")
+    assert specs[0].train_args[i + 1:i + 4] == ("n_companies=1000", "report=steps", "search_credit=1.0")

@@ -103,12 +103,9 @@ def model_dir(out: Path, task: str, seed: int) -> Path:
 
 def task_recipe(task: str, task_options: Sequence[str] = ()) -> Recipe:
     """The task's CPU recipe with ``task_options`` (KEY=VALUE) added to its own."""
-    import dataclasses
-
     from ..llm.recipes import recipe
 
-    r = recipe(task)
-    return dataclasses.replace(r, task_options=(*r.task_options, *task_options)) if task_options else r
+    return recipe(task).with_options(tuple(task_options))
 
 
 def _built_differently(warm: Path, target: float, options: tuple[str, ...], step_confidence: bool) -> str | None:
@@ -167,7 +164,7 @@ def build_grid(methods: Sequence[MethodSpec], tasks: Sequence[str], seeds: Seque
     specs = []
     for task in tasks:
         r = task_recipe(task, task_options) if task in RECIPES else None
-        base = (*r.train, *r.task_flags()) if r is not None else (
+        base = (*r.train, *r.task_flags(train=True)) if r is not None else (
             ("--task-options", *task_options) if task_options else ())
         budget = updates or (r.updates if r is not None else 100)
         for m in methods:

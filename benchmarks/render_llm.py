@@ -62,12 +62,24 @@ def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
+def gain_interval(r: dict) -> tuple[float, float]:
+    """95% interval of ``after - before``, in points: Newcombe's hybrid score interval for a difference of two
+    proportions, from the two Wilson intervals the result holds (Newcombe 1998, "Interval estimation for the
+    difference between independent proportions", method 10). The evaluations share their questions, so the
+    interval is conservative: a paired one would be narrower when before and after are correlated."""
+    d = r["after"] - r["before"]
+    (b_lo, b_hi), (a_lo, a_hi) = r["before_ci"], r["after_ci"]
+    lo = d - ((r["after"] - a_lo) ** 2 + (b_hi - r["before"]) ** 2) ** 0.5
+    hi = d + ((a_hi - r["after"]) ** 2 + (r["before"] - b_lo) ** 2) ** 0.5
+    return 100 * lo, 100 * hi
+
+
 def learn_tables() -> str:
     runs = sorted((json.loads(p.read_text()) for p in RES.glob("llm_learn_*_s*.json")),
                   key=lambda r: (r["task"], r.get("variant", ""), r["seed"]))
     if not runs:
         return "(no llm_learn results)"
-    lines = ["| task | seed | held-out problems | before, % [95% CI] | after, % [95% CI] | gain, points | "
+    lines = ["| task | seed | held-out problems | before, % [95% CI] | after, % [95% CI] | gain, points [95% CI] | "
              "RL budget | updates | RL wall time, s | reward wait share of a step |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
@@ -75,18 +87,21 @@ def learn_tables() -> str:
         wait = r.get("reward_wait_fraction")
         lines.append(f"| {name(r)} | {r['seed']} | {r['n_heldout']} | {pct(r['before'])} "
                      f"[{pct(r['before_ci'][0])}, {pct(r['before_ci'][1])}] | {pct(r['after'])} "
-                     f"[{pct(r['after_ci'][0])}, {pct(r['after_ci'][1])}] | {r['gain_points']:+.1f} | {budget} | "
+                     f"[{pct(r['after_ci'][0])}, {pct(r['after_ci'][1])}] | {r['gain_points']:+.1f} "
+                     f"[{gain_interval(r)[0]:+.1f}, {gain_interval(r)[1]:+.1f}] | {budget} | "
                      f"{r['updates']} | {r['train_seconds']:.0f} | {'n/a' if wait is None else f'{100 * wait:.1f}%'} |")
-    lines += ["", "| task | seeds | mean gain, points [95% t CI] | smallest gain | seeds >= +15 points |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| task | seeds | mean gain, points [95% t CI] | smallest gain | seeds >= +15 points | "
+              "seeds whose gain interval is above +15 |", "|---|---|---|---|---|---|"]
     for task in sorted({name(r) for r in runs}):
         g = np.array([r["gain_points"] for r in runs if name(r) == task], float)
+        above = sum(gain_interval(r)[0] >= BAR for r in runs if name(r) == task)
         if len(g) > 1:
             lo, hi = stats.t.interval(0.95, len(g) - 1, loc=g.mean(), scale=stats.sem(g))
             ci = f"[{lo:+.1f}, {hi:+.1f}]"
         else:
             ci = "(one seed)"
-        lines.append(f"| {task} | {len(g)} | {g.mean():+.1f} {ci} | {g.min():+.1f} | {int((g >= BAR).sum())} of {len(g)} |")
+        lines.append(f"| {task} | {len(g)} | {g.mean():+.1f} {ci} | {g.min():+.1f} | {int((g >= BAR).sum())} of {len(g)} | "
+                     f"{above} of {len(g)} |")
     return "\n".join(lines)
 
 

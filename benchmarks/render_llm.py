@@ -84,11 +84,11 @@ def learn_tables() -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         budget = f"{r['budget_seconds']:.0f} {'CPU-' if r['clock'] == 'cpu' else 'wall '}s"
-        wait = r.get("reward_wait_fraction")
+        wait, (g_lo, g_hi) = r.get("reward_wait_fraction"), gain_interval(r)
         lines.append(f"| {name(r)} | {r['seed']} | {r['n_heldout']} | {pct(r['before'])} "
                      f"[{pct(r['before_ci'][0])}, {pct(r['before_ci'][1])}] | {pct(r['after'])} "
                      f"[{pct(r['after_ci'][0])}, {pct(r['after_ci'][1])}] | {r['gain_points']:+.1f} "
-                     f"[{gain_interval(r)[0]:+.1f}, {gain_interval(r)[1]:+.1f}] | {budget} | "
+                     f"[{g_lo:+.1f}, {g_hi:+.1f}] | {budget} | "
                      f"{r['updates']} | {r['train_seconds']:.0f} | {'n/a' if wait is None else f'{100 * wait:.1f}%'} |")
     lines += ["", "| task | seeds | mean gain, points [95% t CI] | smallest gain | seeds >= +15 points | "
               "seeds whose gain interval is above +15 |", "|---|---|---|---|---|---|"]

@@ -54,11 +54,16 @@ def early_none(claims: dict) -> bool:
     return all(rec["early_verdict"] != "holds" for e in claims["envs"].values() for rec in e["methods"].values())
 
 
-def llm_gain_list(task: str, variant: str | None = None) -> list[float]:
-    """The held-out gains of the task's llm_learn runs, one per seed: the current recipe's, or those collected with
-    the label ``variant`` (``render_llm.py --collect --variant``)."""
+def llm_learn_results(task: str, variant: str | None = None) -> list[dict]:
+    """The task's llm_learn results, one per seed: the current recipe's, or those collected with the label
+    ``variant`` (``render_llm.py --collect --variant``)."""
     name = f"llm_learn_{task}{variant_slug(variant)}_s*.json"
-    return [json.loads(p.read_text())["gain_points"] for p in sorted(RES.glob(name))]
+    return [json.loads(p.read_text()) for p in sorted(RES.glob(name))]
+
+
+def llm_gain_list(task: str, variant: str | None = None) -> list[float]:
+    """The held-out gains of :func:`llm_learn_results`."""
+    return [r["gain_points"] for r in llm_learn_results(task, variant)]
 
 
 def llm_gains(task: str) -> tuple[float, float, int] | None:
@@ -100,7 +105,7 @@ def main() -> None:
     if rag:
         gains = llm_gain_list("rag")
         met = sum(g >= 15 for g in gains)
-        beyond = sum(gain_interval(json.loads(f.read_text()))[0] >= 15 for f in sorted(RES.glob("llm_learn_rag_s*.json")))
+        beyond = sum(gain_interval(r)[0] >= 15 for r in llm_learn_results("rag"))
         out.append(f"on the rag search task it raises held-out accuracy by {rag[0]:+.0f} to {rag[1]:+.0f} points "
                    f"({rag[2]} seeds, the same budget; the 15-point bar is met in {met} of {len(gains)}, {beyond} beyond noise"
                    + ("; BENCHMARKS.md shows where the seeds below it fail)" if met < len(gains) else ")"))

@@ -283,14 +283,12 @@ class GRPO(PolicyUpdate, Trainer):
             if refill:  # the first prompts_per_update informative groups (each rank: its share of them)
                 keep = keep[torch.isin(batch.index[keep], batch.index[keep].unique()[:self._kept_quota()])]
                 rec["groups/gen_batches"] = gen_rounds
-            train = batch.select(keep) if keep.numel() else None
+            train = batch.select(keep, trim=not lean) if keep.numel() else None
             rec["groups/kept_rows"] = int(keep.numel())
         t_lean = time.perf_counter()
-        if lean and train is not None:  # on the untrimmed rows: the same numbers as the pass over the whole batch
-            full = batch.select(keep, trim=False)
-            self.prepare(full)
-            C = train.steps
-            train.old_logp, train.ref_logp = (None if x is None else x[:, :C] for x in (full.old_logp, full.ref_logp))
+        if lean and train is not None:  # at the whole batch's width: the same numbers as a pass over all of it
+            self.prepare(train)
+            train = train.trimmed()
             rec.update(self.engine_correction(train))
         t_lean = time.perf_counter() - t_lean
         losses = self.update(train) if train is not None or self.dist.active else {"losses/optimizer_steps": 0}

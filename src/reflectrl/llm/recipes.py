@@ -32,9 +32,10 @@ class Recipe:
         key wins, so a user's option also overrides a training-only one of the same key."""
         if not options:
             return self
-        keys = {o.partition("=")[0].strip() for o in options}
+        key = lambda o: o.partition("=")[0].strip()  # noqa: E731
+        keys = {key(o) for o in options}
         return replace(self, task_options=(*self.task_options, *options),
-                       train_task_options=tuple(o for o in self.train_task_options if o.partition("=")[0].strip() not in keys))
+                       train_task_options=tuple(o for o in self.train_task_options if key(o) not in keys))
 
     def task_flags(self, flag: str = "--task-options", train: bool = False) -> tuple[str, ...]:
         """The task options as CLI flags: ``--task-options K=V ...`` (warm-up; with ``train``, the training's, which

@@ -18,7 +18,7 @@ from .checkpoint import load_checkpoint
 from .control.config import PPOConfig
 from .control.ppo import PPO
 from .errors import CheckpointError
-from .registry import Algo, algo_table, lookup, register_algo, register_builtins
+from .registry import Algo, algo_table, lookup, register_algo, register_builtins, register_implied_defaults
 from .trainer import CHECKPOINT, Trainer, extend_budget, load_config, read_config_json, run_kind
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ def _register_llm() -> None:
     """Every built-in of the LLM front end."""
     from .llm.config import GRPOConfig
     from .llm.grpo import GRPO
+    from .llm.models import implied_llm_defaults
     from .methods.llm_algos import (
         EXGRPO_DEFAULTS,
         GEAR_SEED_DEFAULTS,
@@ -85,6 +86,7 @@ def _register_llm() -> None:
         rlcr_llm_methods,
     )
 
+    register_implied_defaults("llm", implied_llm_defaults)
     register_algo(Algo("grpo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),
                        "GRPO: group mean/std advantages, seq-mean-token-mean loss"))
     register_algo(Algo("drgrpo", "llm", GRPOConfig, lambda cfg: GRPO(cfg),

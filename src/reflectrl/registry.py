@@ -33,8 +33,10 @@ class Algo:
     defaults: dict[str, Any] = field(default_factory=dict)
 
     def config(self, **overrides: Any) -> Any:
-        """The config dataclass with this algo's defaults, then ``overrides``."""
-        kw = {**self.defaults, **overrides}
+        """The config dataclass with the defaults its front end derives from the settings given (see
+        :func:`register_implied_defaults`), then this algo's defaults, then ``overrides``."""
+        implied = IMPLIED[self.kind](overrides) if self.kind in IMPLIED else {}
+        kw = {**implied, **self.defaults, **overrides}
         if "algo" in {f.name for f in _fields(self.config_cls)}:
             kw["algo"] = self.name
         return self.config_cls(**kw)
@@ -72,6 +74,16 @@ def load_builtins(kind: str) -> None:
 
 
 ALGOS: dict[str, dict[str, Algo]] = {k: {} for k in KINDS}  # front end -> {name: Algo}; see :func:`algo_table`
+IMPLIED: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def register_implied_defaults(kind: str, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Make every ``kind`` algo's config start from ``fn(settings given)``: defaults that follow from other settings
+    (the LLM front end's learning rate, group size and temperature follow the model and LoRA). An algo's own
+    defaults and the settings given override them."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown front end {kind!r}; choose one of {', '.join(KINDS)}")
+    IMPLIED[kind] = fn
 
 
 def algo_table(kind: str) -> dict[str, Algo]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ..cliutil import check_device, check_seed, run_command
 from ..errors import ConfigError
@@ -16,6 +17,7 @@ USAGE = """usage: reflectrl llm COMMAND [ARGS]
 
 commands:
   init-tiny  write a tiny random-init causal LM + character tokenizer (Hugging Face format)
+  get-model  a named model ({models}) or a GGUF file as a checked Hugging Face directory
   warmup     supervised fine-tuning on a task's demonstrations
   train      RL on a verifiable task: --algo {algos} (--resume RUN_DIR continues a run)
   eval       held-out accuracy (Wilson interval) or pass@k of a model or run directory; --self-report adds calibration
@@ -49,6 +51,27 @@ def cmd_init_tiny(argv: list[str]) -> int:
     check_seed(a.seed)
     out = init_tiny(a.out_dir, a.arch, a.layers, a.width, a.heads, a.max_positions, a.seed, force=a.force)
     print(json.dumps({"out": str(out), **json.loads((out / "reflectrl_tiny.json").read_text())}))
+    return 0
+
+
+def cmd_get_model(argv: list[str]) -> int:
+    from .models import NAMED_MODELS, MODEL_INFO, get_model
+
+    ap = argparse.ArgumentParser(prog="reflectrl llm get-model", description="Dequantize a named model (shipped in a "
+                                 "Python package as a GGUF file) or a GGUF file of your own into a standard Hugging Face "
+                                 "model directory, check it by loading it back, and print its path. --model NAME or "
+                                 "--model FILE.gguf does the same on first use.")
+    ap.add_argument("model", help=f"a named model ({', '.join(NAMED_MODELS)}) or a path to a .gguf file")
+    ap.add_argument("--out", default=None, help="directory to write (default: the cache, $REFLECTRL_CACHE/models or "
+                    "~/.cache/reflectrl/models)")
+    ap.add_argument("--force", action="store_true", help="convert again even if the directory holds a converted model")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (path and what was checked)")
+    a = ap.parse_args(argv)
+    out = get_model(a.model, a.out, force=a.force)
+    if a.json:
+        print(json.dumps({"path": str(out), **json.loads((out / MODEL_INFO).read_text())}))
+    else:
+        print(out)
     return 0
 
 
@@ -90,7 +113,8 @@ def cmd_train(argv: list[str]) -> int:
     else:
         algo = get_algo("llm", front.algo or "grpo")
         parse_options(front.set)  # one clear error for a malformed KEY=VALUE
-        default = algo.config(task_options=tuple(front.set))
+        # the defaults that follow the model and LoRA (learning rate, group size, temperature): explicit flags win
+        default = algo.config(task_options=tuple(front.set), **_model_flags(rest))
         cfg = tyro.cli(type(default), args=rest, default=default, prog=f"reflectrl llm train --algo {algo.name}")
         check_device(cfg.device)
         if cfg.run_dir and _rank() == 0:  # under torchrun, one process probes the run directory
@@ -100,6 +124,23 @@ def cmd_train(argv: list[str]) -> int:
     if _rank() == 0:  # under torchrun, one summary line
         print_json(summary)
     return 0
+
+
+def _model_flags(rest: list[str]) -> dict[str, Any]:
+    """``--model`` and ``--lora-r`` of a train command line (left in it for tyro), for the defaults they imply."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--lora-r", "--lora_r", dest="lora_r", default=None)
+    known, _ = ap.parse_known_args(rest)
+    out: dict[str, Any] = {}
+    if known.model:
+        out["model"] = known.model
+    if known.lora_r is not None:
+        try:
+            out["lora_r"] = int(known.lora_r)
+        except ValueError:
+            pass  # tyro reports the malformed value
+    return out
 
 
 def _rank() -> int:
@@ -134,6 +175,9 @@ def cmd_eval(argv: list[str]) -> int:
                          "(reflection accuracy, under/overconfidence, ECE, Brier, AUROC)")
     ap.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                     help="task option (default: the run's options); repeatable")
+    ap.add_argument("--chat", choices=("auto", "on", "off"), default=None,
+                    help="episodes as conversations in the model's chat template (default: the run's, else auto: when "
+                         "the tokenizer has one); off: raw prompts")
     ap.add_argument("--json", action="store_true", help="print one JSON object (accuracy, n, ci, ...)")
     a = ap.parse_args(argv)
     if a.samples < 0 or not 0 < a.confidence < 1 or (a.limit is not None and a.limit < 1):
@@ -145,7 +189,7 @@ def cmd_eval(argv: list[str]) -> int:
     res = evaluate(a.model_or_run_dir, a.task, a.split, a.samples, n=a.n, temperature=a.temperature, limit=a.limit,
                    max_new_tokens=a.max_new_tokens, max_turns=a.max_turns, confidence=a.confidence, seed=a.seed,
                    self_report=a.self_report, task_options=None if a.set is None else tuple(a.set),
-                   device=a.device)
+                   device=a.device, chat=a.chat)
     if a.json:
         print(json.dumps(res))
     else:
@@ -162,7 +206,7 @@ def cmd_compare(argv: list[str]) -> int:
     return compare_main(argv)
 
 
-COMMANDS = {"init-tiny": cmd_init_tiny, "warmup": cmd_warmup, "train": cmd_train, "eval": cmd_eval,
+COMMANDS = {"init-tiny": cmd_init_tiny, "get-model": cmd_get_model, "warmup": cmd_warmup, "train": cmd_train, "eval": cmd_eval,
             "compare": cmd_compare}
 
 
@@ -171,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..algos import algo_names
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = USAGE.format(algos="|".join(algo_names("llm")))
+    from .models import NAMED_MODELS
+
+    usage = USAGE.format(algos="|".join(algo_names("llm")), models=", ".join(NAMED_MODELS))
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2

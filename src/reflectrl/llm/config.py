@@ -25,7 +25,11 @@ class GRPOConfig(RunOptions):
     task: str = "arith"
     """Registered task name (arith, codegen, text2sql, ...)."""
     model: str = ""
-    """Hugging Face model directory (or hub id where a hub is reachable)."""
+    """Hugging Face model directory, a named model (``smollm2-135m-instruct``) or a GGUF file (converted once into
+    the cache: ``reflectrl llm get-model``), or a hub id where a hub is reachable."""
+    chat: Literal["auto", "on", "off"] = "auto"
+    """Episodes as conversations in the model's chat template (auto: when its tokenizer has one; off: raw prompts,
+    as the tiny models get them)."""
     algo: str = "grpo"
     """The algo whose defaults were applied; recorded in config.json (set by --algo)."""
     task_options: tuple[str, ...] = ()
@@ -51,7 +55,8 @@ class GRPOConfig(RunOptions):
     top_k: int = 0
     """Sample from the top-k tokens only (0: the whole vocabulary)."""
     learning_rate: float = 1e-6
-    """AdamW learning rate."""
+    """AdamW learning rate. The CLI's default follows the model (docs/llm.md): 2e-4 for a tiny model, 1e-4 with
+    LoRA, 1e-6 for full fine-tuning of a pretrained model."""
     lr_schedule: Literal["constant", "linear"] = "constant"
     """Constant, or linear decay to 0 over ``updates``."""
     weight_decay: float = 0.0
@@ -175,16 +180,17 @@ class GRPOConfig(RunOptions):
 
         return parse_options(self.task_options)
 
-    def resolved(self, task: Any) -> "GRPOConfig":
+    def resolved(self, task: Any, chat: bool = False) -> "GRPOConfig":
         """A copy with the turn and token budgets filled in from the task: turns default to 1 for a
         single-turn task and to the task's ``max_turns`` (else 6) for a multi-turn one; a completion's
-        budget to the task's ``max_new_tokens`` (else 32), plus room for the tag with ``self_report`` inline;
-        the whole response's to completion budget x turns (x 2 for multi-turn feedback)."""
+        budget to the task's ``max_new_tokens`` (with a chat model its ``chat_max_new_tokens``; else 32), plus room
+        for the tag with ``self_report`` inline; the whole response's to completion budget x turns (x 2 for
+        multi-turn feedback)."""
         from ..tasks.selfreport import default_new_tokens
 
         multi = bool(getattr(task, "multi_turn", False))
         turns = self.max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
-        per_turn = self.max_new_tokens or default_new_tokens(task, self.self_report)
+        per_turn = self.max_new_tokens or default_new_tokens(task, self.self_report, chat=chat)
         budget = self.max_response_tokens or (per_turn * turns * (2 if multi else 1))
         return dataclasses.replace(self, max_turns=turns, max_new_tokens=per_turn, max_response_tokens=budget,
                                    norm_len=self.norm_len or budget)

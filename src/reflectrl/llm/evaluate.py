@@ -182,9 +182,10 @@ def _report_metrics(kind: str, correct: np.ndarray, finals: list[dict[str, Any]]
             "reports": {"correct": correct.astype(int).tolist(), key: [None if v is None else float(v) for v in values]}}
 
 
-def load_for_eval(path: str | Path, device: str = "cpu") -> tuple[Policy, dict[str, Any]]:
+def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None) -> tuple[Policy, dict[str, Any]]:
     """A policy from a model directory, or from a GRPO run directory's latest checkpoint (its base
-    model plus the trained weights); returns it with the run's config (empty for a model directory)."""
+    model plus the trained weights); returns it with the run's config (empty for a model directory). ``chat``:
+    ``auto``, ``on`` or ``off`` (default: the run's, else auto)."""
     from ..checkpoint import load_checkpoint
     from ..trainer import CHECKPOINT, read_config_json, run_kind
     from .config import is_llm_run_dir, load_llm_config
@@ -195,7 +196,8 @@ def load_for_eval(path: str | Path, device: str = "cpu") -> tuple[Policy, dict[s
     if is_llm_run_dir(p):
         cfg = load_llm_config(p)
         tensors, _ = load_checkpoint(p / CHECKPOINT)
-        policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, dtype=cfg.dtype, device=device)
+        policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, dtype=cfg.dtype, device=device,
+                             chat=chat or cfg.chat)
         state = {k[7:]: v for k, v in tensors.items() if k.startswith("policy/")}
         for key in state:
             if key.startswith("heads."):
@@ -210,7 +212,7 @@ def load_for_eval(path: str | Path, device: str = "cpu") -> tuple[Policy, dict[s
         p = p / "model"  # a run directory without a checkpoint but with its exported model
     if p.is_dir() and not (p / "config.json").is_file():
         raise ReflectRLError(f"{p} is neither a model directory nor an LLM run directory (no config.json)")
-    return load_policy(str(p), device=device), {}
+    return load_policy(str(path) if not p.exists() else str(p), device=device, chat=chat or "auto"), {}
 
 
 def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "heldout", samples: int = 0,
@@ -219,7 +221,7 @@ def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "he
     directory (a run trained with a self-report turn counts that turn in its ``max_turns``), else the task's."""
     from ..tasks.base import parse_options
 
-    policy, run_cfg = load_for_eval(model_or_run, kwargs.pop("device", "cpu"))
+    policy, run_cfg = load_for_eval(model_or_run, kwargs.pop("device", "cpu"), kwargs.pop("chat", None))
     task_name = task or run_cfg.get("task")
     if not task_name:
         raise ConfigError("--task is required when evaluating a model directory")
@@ -236,6 +238,7 @@ def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "he
     if kwargs.get("max_new_tokens") is None:
         from ..tasks.selfreport import default_new_tokens
 
-        kwargs["max_new_tokens"] = default_new_tokens(t, kwargs.get("self_report"), fallback=64)
+        kwargs["max_new_tokens"] = default_new_tokens(t, kwargs.get("self_report"), fallback=64,
+                                                      chat=policy.chat is not None)
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     return evaluate_policy(policy, t, split, samples, **kwargs)

@@ -33,6 +33,7 @@ from .batch import ENGINE_LOGP, TokenBatch
 from .config import SAMPLES, GRPOConfig
 from .distributed import from_env, rank_seed, shard
 from .engines import check_engine, make_engine
+from .models import uses_chat
 from .policy import load_policy
 from .rollout import Rollout, RolloutStats
 from .update import REPORT_ENTROPY, VALUE_HEAD, PolicyUpdate
@@ -93,7 +94,8 @@ class GRPO(PolicyUpdate, Trainer):
         self.task = with_self_report(get_task(config.task, **config.task_kwargs()), config.self_report)
         if hasattr(self.task, "sandbox_batch"):
             self.task.sandbox_batch = config.sandbox_batch
-        self.cfg = cfg = config.resolved(self.task)
+        # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load)
+        self.cfg = cfg = config.resolved(self.task, chat=uses_chat(config.model, config.chat))
         check_engine(cfg.engine)
         self.dist, device = from_env(cfg.device)  # torchrun: this process's rank and device (one process: as given)
         turns, budget = cfg.max_turns, cfg.max_response_tokens
@@ -117,7 +119,7 @@ class GRPO(PolicyUpdate, Trainer):
         self.problems_by_id = {p.id: p for p in self.train_problems}
         self.policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                   lora_dropout=cfg.lora_dropout, ref=cfg.kl_coef > 0 or "ref_logp" in self.needs,
-                                  dtype=cfg.dtype, device=device)
+                                  dtype=cfg.dtype, device=device, chat=cfg.chat)
         if self.critic:
             self.policy.add_head(VALUE_HEAD)
         if callable(methods):

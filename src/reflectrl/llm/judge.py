@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..tasks.selfreport import QUESTIONS, parse_report
+from ..tasks.selfreport import question as ask_question
 from .batch import TokenBatch
 from .engines import TorchSampler
 from .grpo import GRPOHook
@@ -73,9 +74,10 @@ class LMReflectorPass(GRPOHook):
         contexts = [batch.prompt_ids[r][batch.prompt_mask[r]].tolist() + batch.response_ids[r][
             batch.response_attention[r]].tolist() for r in range(batch.rows)]
         question = QUESTIONS[self.kind]
-        if self.judge is None:
-            q = pol.tokenizer(question, add_special_tokens=False)["input_ids"]
-            return [c + q for c in contexts]
+        if self.judge is None:  # the policy's own reply encoding: with a chat model the question is a user turn
+            ask = ask_question(self.kind)
+            eot = pol.chat.end_of_turn if pol.chat is not None else None
+            return [c + pol.encode_reply(ask, closed=bool(c) and c[-1] == eot) for c in contexts]
         texts = pol.tokenizer.batch_decode(contexts, skip_special_tokens=True)
         tok = self.judge.tokenizer
         return [tok(t + question, add_special_tokens=True)["input_ids"] for t in texts]

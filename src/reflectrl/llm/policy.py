@@ -22,6 +22,7 @@ from ..errors import ConfigError, ReflectRLError
 
 if TYPE_CHECKING:
     from .batch import TokenBatch
+    from .chat import ChatFormat
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEADS_FILE = "reflectrl_heads.safetensors"
@@ -50,10 +51,11 @@ class Policy(nn.Module):
     """A causal LM (``model``, possibly a PEFT model), its tokenizer, heads and an optional reference."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, ref_model: nn.Module | None = None,
-                 use_adapter_as_ref: bool = False, source: str = ""):
+                 use_adapter_as_ref: bool = False, source: str = "", chat: "ChatFormat | None" = None):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
+        self.chat = chat  # episodes as conversations (a chat template), or None: raw prompts
         self.heads = nn.ModuleDict()
         self._ref = [ref_model]  # a list keeps the frozen copy out of parameters() and state_dict()
         self.use_adapter_as_ref = use_adapter_as_ref
@@ -91,7 +93,28 @@ class Policy(nn.Module):
         for e in (eos if isinstance(eos, (list, tuple)) else [eos]):
             if e is not None:
                 ids.add(int(e))
+        if self.chat is not None:
+            ids.add(self.chat.end_of_turn)
         return sorted(ids)
+
+    # ----------------------------------------------------------------------------- text to ids
+    def encode_prompt(self, text: str) -> list[int]:
+        """A first turn's ids: the chat template's user turn and the opening of the answer with a chat model,
+        else the text with the tokenizer's special tokens (bos)."""
+        if self.chat is not None:
+            return self.chat.prompt_ids(text)
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def encode_reply(self, text: str, closed: bool = True) -> list[int]:
+        """An environment reply's ids after an agent turn (``closed``: the turn ended with its end-of-turn token):
+        with a chat model the reply as a user turn (its chat form and prefill, for a
+        :class:`~reflectrl.tasks.base.Reply`) and the opening of the next answer; else the text alone."""
+        if self.chat is None:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        from ..tasks.base import chat_reply
+
+        content, prefill = chat_reply(text)
+        return self.chat.reply_ids(content, closed, prefill)
 
     @property
     def has_ref(self) -> bool:
@@ -270,8 +293,13 @@ def _resolve_source(path: str) -> str:
 
 def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dropout: float = 0.0,
                 lora_targets: tuple[str, ...] | None = None, ref: bool = False, dtype: str = "float32",
-                device: str = "cpu", trust_remote_code: bool = False) -> Policy:
-    """Load a causal LM + tokenizer from a local directory (or a hub id where a hub is reachable).
+                device: str = "cpu", trust_remote_code: bool = False, chat: str = "auto") -> Policy:
+    """Load a causal LM + tokenizer from a local directory (or a hub id where a hub is reachable), a named model
+    or a GGUF file (:func:`reflectrl.llm.models.resolve_model`: converted once into the cache).
+
+    ``chat``: ``auto`` frames episodes as conversations when the tokenizer has a chat template
+    (:mod:`reflectrl.llm.chat`), ``off`` keeps raw prompts, ``on`` requires a template. A model that could not
+    be saved (still quantized) is refused here, before any work.
 
     ``lora_r > 0`` wraps the model in a PEFT LoRA adapter (only the adapter trains); ``ref=True`` keeps
     a frozen reference (the adapter-free base under LoRA, otherwise a copy of the initial weights).
@@ -283,15 +311,20 @@ def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dr
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if lora_r < 0:
         raise ConfigError(f"lora_r must be >= 0 (0 trains every weight), got {lora_r}")
-    src = _resolve_source(str(path))
+    from .chat import chat_format
+    from .models import resolve_model
+
+    src = _resolve_source(resolve_model(str(path)))
     try:
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     except (OSError, ValueError, EnvironmentError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ReflectRLError(f"cannot load a causal LM and tokenizer from {src}: {first}") from None
+    _check_savable(model, src)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    fmt = chat_format(tok, chat)
     model.to(device)
     model.config.use_cache = False
     ref_model = None
@@ -305,11 +338,27 @@ def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dr
                                                  target_modules=targets, task_type="CAUSAL_LM"))
     elif ref:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    policy = Policy(model, tok, ref_model, use_adapter_as_ref=ref and lora_r > 0, source=str(path))
+    policy = Policy(model, tok, ref_model, use_adapter_as_ref=ref and lora_r > 0, source=str(path), chat=fmt)
     heads_file = Path(src) / HEADS_FILE
     if heads_file.is_file():
         _load_heads(policy, heads_file)
     return policy
+
+
+def _check_savable(model: nn.Module, src: str) -> None:
+    """ConfigError when the loaded model could not be written back (a quantizer that cannot serialize, such as a
+    folder whose config still carries a GGUF ``quantization_config``): refused before a run spends its budget."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", "?")
+    method = getattr(method, "value", method)
+    serializable = getattr(quantizer, "is_serializable", None)
+    ok = serializable() if callable(serializable) else bool(serializable)
+    if not ok:
+        raise ConfigError(f"{src} loads as a {method}-quantized model, which cannot be saved: a run could not write "
+                          f"its checkpoint. Remove quantization_config from its config.json, or convert a GGUF file "
+                          f"with `reflectrl llm get-model FILE.gguf`")
 
 
 def _load_heads(policy: Policy, path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import ConfigError, ReflectRLError
-from ..tasks.base import Problem, SingleTurnEnv, Task, batch_scorer
+from ..tasks.base import Problem, SingleTurnEnv, Task, batch_scorer, chat_prompt, stop_sequences
 from .batch import RowResult, Segment, TokenBatch, build_batch
 from .engines import GenerationEngine, engine_logprobs
 from .policy import Policy
@@ -120,7 +120,11 @@ class Rollout:
     returned feedback text is appended to the context as feedback tokens (masked out of the loss).
     Env steps run on a thread pool while the next chunk of rows is generating. A single-turn task with
     ``score_batch`` (see :func:`~reflectrl.tasks.base.batch_scorer`) gets one call per generated chunk
-    instead of one env step per completion, unless ``batch_scoring`` is False."""
+    instead of one env step per completion, unless ``batch_scoring`` is False.
+
+    With a chat model (``policy.chat``) an episode is a conversation (:mod:`reflectrl.llm.chat`): the first turn is
+    the task's chat prompt as the user's message, each env reply a user turn, and a turn also ends at the
+    template's end-of-turn token."""
 
     def __init__(self, policy: Policy, engine: GenerationEngine, task: Task, max_new_tokens: int = 64,
                  max_turns: int = 1, max_response_tokens: int | None = None, gen_batch: int = 128,
@@ -136,11 +140,12 @@ class Rollout:
         self.score_batch = batch_scorer(task) if batch_scoring and not self.multi_turn else None
         self.pool = ThreadPoolExecutor(reward_workers) if reward_workers > 0 else None
         tok = policy.tokenizer
-        self.encode_prompt = encode_prompt or (lambda s: tok(s, add_special_tokens=True)["input_ids"])
-        self.encode_feedback = encode_feedback or (lambda s: tok(s, add_special_tokens=False)["input_ids"])
+        self.chat = policy.chat
+        self.encode_prompt = encode_prompt or policy.encode_prompt
+        self.encode_feedback = encode_feedback or policy.encode_reply
         limit = getattr(policy.config, "max_position_embeddings", None) or getattr(policy.config, "n_positions", None)
         self.max_positions = int(limit) if limit else None
-        self.stop_sequences = tuple(getattr(task, "stop_sequences", ()) or ())
+        self.stop_sequences = stop_sequences(task, chat=self.chat is not None)
         self.stop_ids = _single_token_stops(tok, self.stop_sequences)
         self.end_ids = set(policy.eos_ids) | set(self.stop_ids)
         # single-turn scores are pure functions of (problem, completion): remember recent ones (LRU)
@@ -186,6 +191,8 @@ class Rollout:
             texts = self._wait([self._submit(r.env.reset, r.problem) for r in rows], stats)
         else:
             texts = [r.env.reset(r.problem) for r in rows]
+        if self.chat is not None:  # the user's first message: the task's instruction and problem
+            texts = [chat_prompt(self.task, r.problem) for r in rows]
         encoded: dict[str, list[int]] = {}
         for row, text in zip(rows, texts):
             if text not in encoded:
@@ -267,7 +274,8 @@ class Rollout:
                 row.done = True
                 row.truncated = hit_limit or not done
                 continue
-            fb = self._encode_feedback(feedback) if feedback else []
+            closed = bool(ids) and self.chat is not None and ids[-1] == self.chat.end_of_turn
+            fb = self._encode_feedback(feedback, closed) if feedback or self.chat is not None else []
             if fb and row.used + len(fb) >= self.max_response_tokens:
                 row.done = row.truncated = True
                 continue
@@ -276,14 +284,17 @@ class Rollout:
                 row.used += len(fb)
                 row.transcript.append(("env", feedback))
 
-    def _encode_feedback(self, text: str) -> list[int]:
+    def _encode_feedback(self, text: str, closed: bool = True) -> list[int]:
         """``encode_feedback(text)``, remembered: a reply is encoded on its own, so its ids never depend on the
-        context (the memo is cleared past 65536 texts)."""
-        ids = self._feedback_ids.get(text)
+        context (the memo is cleared past 65536 texts). With a chat model the reply is a user turn, opened by the
+        end-of-turn token when the agent's turn did not end with it (``closed``)."""
+        key: Any = text if self.chat is None else (text, getattr(text, "chat", None), getattr(text, "prefill", ""), closed)
+        ids = self._feedback_ids.get(key)
         if ids is None:
             if len(self._feedback_ids) >= 65536:
                 self._feedback_ids.clear()
-            ids = self._feedback_ids[text] = tuple(self.encode_feedback(text))
+            enc = self.encode_feedback(text) if self.chat is None else self.encode_feedback(text, closed)
+            ids = self._feedback_ids[key] = tuple(enc)
         return list(ids)
 
     def _score_chunk(self, pairs: list[tuple[_Row, str]], stats: RolloutStats) -> list[Future]:

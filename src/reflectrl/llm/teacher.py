@@ -28,11 +28,12 @@ class TeacherPass(GRPOHook):
 
     def prompts(self, trainer: Any, batch: TokenBatch) -> list[list[int]]:
         """Token ids of each row's teacher prompt: the task's prompt with the reference answer in context."""
-        tok, task = trainer.policy.tokenizer, trainer.task
+        pol, task = trainer.policy, trainer.task
         out = []
         for p in batch.problems:
             if p.id not in self._cache:
-                self._cache[p.id] = tok(teacher_prompt(getattr(task, "task", task), p), add_special_tokens=True)["input_ids"]
+                text = teacher_prompt(getattr(task, "task", task), p, chat=pol.chat is not None)
+                self._cache[p.id] = pol.encode_prompt(text)
             out.append(self._cache[p.id])
         return out
 

@@ -1,8 +1,11 @@
 """``arith``: integer arithmetic with one exact answer, e.g. prompt ``12+7=`` and completion ``19``.
 
 Answer format: the first line of the completion (up to the first newline, or the end), with any
-self-report tags removed; its first number (optionally signed, optionally with a fractional part)
-is the answer. The reward is 1 when that number equals the expression's value, else 0.
+self-report tags removed; the answer is its first number (optionally signed, optionally with a fractional
+part) after the line's last ``=``, or its first number when it has no ``=`` (a chat model often restates the sum:
+``86 + 66 = 152``). The reward is 1 when that number equals the expression's value, else 0.
+
+A chat model is asked ``What is 86 + 66? Reply with only the number.`` (:meth:`ArithTask.chat_prompt`).
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ def evaluate(operands: Sequence[int], ops: Sequence[str]) -> int:
 
 
 def parse_answer(completion: Any) -> Decimal | None:
-    """The first number on the completion's first line (self-report tags removed), or None."""
+    """The first number after the last ``=`` of the completion's first line (self-report tags removed), or the
+    line's first number when it has no ``=``; None without one."""
     if not isinstance(completion, str):
         return None
     line = strip_self_report(completion[:_SCAN_CHARS]).split("\n", 1)[0]
-    match = _NUMBER.search(line)
+    match = _NUMBER.search(line.rsplit("=", 1)[-1])
     if match is None or len(match.group()) > _MAX_NUMBER_CHARS:
         return None
     try:
@@ -58,6 +62,7 @@ class ArithTask:
     multi_turn = False
     stop_sequences = ("\n",)
     max_new_tokens = 10  # an answer (at most 8 characters) or a self-report ("unsolved", "0.25") and its end
+    chat_max_new_tokens = 24  # a chat model's first line: "86 + 66 = 152" or a short sentence
 
     def __init__(self, digits: int = 2, ops: str = "+-", terms: int = 2, n_train: int = 5000, n_heldout: int = 500,
                  heldout_fraction: float = 0.1, seed: int = 0):
@@ -132,6 +137,12 @@ class ArithTask:
     def demonstration(self, problem: Problem) -> str:
         """The target completion for supervised warm-up: the value alone."""
         return str(problem.meta["value"])
+
+    def chat_prompt(self, problem: Problem) -> str:
+        """The question for a chat model: ``What is 86 + 66? Reply with only the number.``"""
+        vals, ops = problem.meta["operands"], problem.meta["ops"]
+        expr = str(vals[0]) + "".join(f" {op} {v}" for op, v in zip(ops, vals[1:]))
+        return f"What is {expr}? Reply with only the number."
 
     def teacher_prompt(self, problem: Problem) -> str:
         """The prompt with the answer in context, for a self-teacher."""

@@ -139,7 +139,55 @@ def self_report(text: str) -> dict[str, Any]:
     return out
 
 
-def teacher_prompt(task: Task, problem: Problem) -> str:
+# ---------------------------------------------------------------------------------------------
+# Chat models (reflectrl.llm.chat): a task may say how its problems read as a user's message.
+# ---------------------------------------------------------------------------------------------
+class Reply(str):
+    """An environment's reply whose form in a conversation differs from its raw text: a chat model reads ``chat``
+    as the user's turn (default: the text without surrounding whitespace) and its answer turn opens with
+    ``prefill`` (context, not trained). A plain ``str`` reply is its own chat form."""
+
+    chat: str
+    prefill: str
+
+    def __new__(cls, text: str, chat: str | None = None, prefill: str = "") -> "Reply":
+        obj = super().__new__(cls, text)
+        obj.chat = text.strip() if chat is None else chat
+        obj.prefill = prefill
+        return obj
+
+
+def chat_reply(reply: str) -> tuple[str, str]:
+    """(user turn text, prefill) of an environment reply for a chat model."""
+    if isinstance(reply, Reply):
+        return reply.chat, reply.prefill
+    return str(reply).strip(), ""
+
+
+def chat_prompt(task: Any, problem: Problem) -> str:
+    """The first user message of an episode for a chat model: the task's ``chat_prompt(problem)`` (an instruction
+    that states the answer format, then the problem), else the raw prompt."""
+    own = getattr(task, "chat_prompt", None)
+    return own(problem) if callable(own) else problem.prompt.strip()
+
+
+def stop_sequences(task: Any, chat: bool = False) -> tuple[str, ...]:
+    """The text sequences that end an agent turn: with a chat model the task's ``chat_stop_sequences`` where it
+    has them (a chat answer may open with a code fence that would hold a raw stop), else its ``stop_sequences``."""
+    own = getattr(task, "chat_stop_sequences", None) if chat else None
+    return tuple(own if own is not None else (getattr(task, "stop_sequences", ()) or ()))
+
+
+def teacher_prompt(task: Task, problem: Problem, chat: bool = False) -> str:
+    """The prompt with the reference answer in context (a self-teacher's view); a task may define its own. With
+    ``chat``: the reference before the task's chat prompt, as the user's message."""
+    if chat:
+        return f"Reference answer:\n{problem.answer}\n\n{chat_prompt(task, problem)}" if problem.answer \
+            else chat_prompt(task, problem)
+    return _raw_teacher_prompt(task, problem)
+
+
+def _raw_teacher_prompt(task: Task, problem: Problem) -> str:
     """The prompt with the reference answer in context (a self-teacher's view); a task may define its own."""
     own = getattr(task, "teacher_prompt", None)
     if callable(own):

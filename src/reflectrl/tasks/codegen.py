@@ -108,6 +108,8 @@ class SandboxedCodeTask:
     multi_turn = False
     stop_sequences = STOP_SEQUENCES
     max_new_tokens = 40  # a synthetic problem's function body (character-level tiny models: one token a character)
+    chat_stop_sequences: tuple[str, ...] = ()  # a chat answer is a fenced block, whose code holds the raw stops
+    chat_max_new_tokens = 128  # a chat model's whole function in a fence (BPE tokens)
     timeout_s = 5.0
     memory_mb = 512
 
@@ -116,6 +118,12 @@ class SandboxedCodeTask:
             raise ConfigError(f"sandbox_batch must be an integer >= 1, got {sandbox_batch!r}")
         self._pool = _PoolHolder(workers)
         self.sandbox_batch = sandbox_batch
+
+    def chat_prompt(self, problem: Problem) -> str:
+        """The request for a chat model: the prompt (signature, docstring) in a fence, to be completed; the answer
+        is the whole function in a fence (``assemble`` keeps the first fenced block)."""
+        return ("Complete this Python function. Reply with only the complete function in a ```python code "
+                f"block.\n\n```python\n{problem.prompt.rstrip()}\n```")
 
     def program(self, problem: Problem, completion: Any) -> str:
         """The source that is run against the hidden tests."""

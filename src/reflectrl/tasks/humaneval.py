@@ -81,6 +81,7 @@ class HumanEvalTask(SandboxedCodeTask):
 
     name = "humaneval"
     timeout_s = 10.0
+    chat_max_new_tokens = 320  # a HumanEval function with its docstring repeated, in BPE tokens
     memory_mb = 512
 
     def __init__(self, heldout_fraction: float = 0.5, seed: int = 0, workers: int | None = None):

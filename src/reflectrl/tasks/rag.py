@@ -48,6 +48,15 @@ INSTRUCTIONS = "Search with <search>QUERY</search>; answer with <answer>ANSWER</
 REPORT_INSTRUCTIONS = {"off": "", "confidence": " Then add <confidence>P</confidence>, P from 0 to 1.",
                        "reflect": " Then add <reflect>solved</reflect> or <reflect>unsolved</reflect>.",
                        "steps": " Begin each turn with <confidence>P</confidence>, P from 0 to 1."}
+CHAT_INSTRUCTIONS = ("Answer the question by searching a knowledge base. To search, write <search>QUERY</search> and "
+                     "the results come back to you. When you know the answer, write <answer>ANSWER</answer> with "
+                     "only the answer.")
+CHAT_REPORT_INSTRUCTIONS = {"off": "", "confidence": " After the answer, write <confidence>P</confidence>, where P is "
+                            "the probability from 0 to 1 that your answer is right.",
+                            "reflect": " After the answer, write <reflect>solved</reflect> or "
+                            "<reflect>unsolved</reflect>.",
+                            "steps": " Begin each turn with <confidence>P</confidence>, where P is the probability "
+                            "from 0 to 1 that you will answer right."}
 STOP_SEQUENCES = {"off": ("</search>", "</answer>"), "confidence": ("</search>", "</confidence>"),
                   "reflect": ("</search>", "</reflect>"), "steps": ("</search>", "</answer>")}
 NO_RESULTS = "\nno results\n"
@@ -205,6 +214,7 @@ class RAGTask:
     multi_turn = True
     detours = DETOURS
     max_new_tokens = 64  # one turn: a search or an answer with its confidence tag (~50 characters)
+    chat_max_new_tokens = 64  # a chat model's turn (BPE tokens)
 
     def __init__(self, k: int = 2, max_turns: int = 4, metric: str = "em", report: str = "confidence",
                  instructions: bool = True, n_companies: int = 48, people: int = 3, heldout_fraction: float = 0.2,
@@ -268,6 +278,11 @@ class RAGTask:
     def _prompt(self, question: str) -> str:
         head = INSTRUCTIONS + REPORT_INSTRUCTIONS[self.report] + "\n" if self.instructions else ""
         return f"{head}question: {question}\n"
+
+    def chat_prompt(self, problem: Problem) -> str:
+        """The first message to a chat model: the turn protocol and the question."""
+        head = CHAT_INSTRUCTIONS + CHAT_REPORT_INSTRUCTIONS[self.report] + "\n\n" if self.instructions else ""
+        return f"{head}Question: {problem.meta['question']}"
 
     def problems(self, split: str) -> list[Problem]:
         """The problems of ``split`` (deterministic; the generated splits share no entity)."""

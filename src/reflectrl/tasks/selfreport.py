@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import Problem, SingleTurnEnv, parse_confidence, parse_reflection
+from .base import Problem, Reply, SingleTurnEnv, parse_confidence, parse_reflection
 
 KINDS = ("reflect", "confidence")
 INLINE_TOKENS = 32
@@ -23,13 +23,31 @@ INLINE_TOKENS = 32
 (``--self-report inline``): room for ``<confidence>0.75</confidence>`` with a character-level tokenizer."""
 
 
-def default_new_tokens(task: Any, self_report: str | None, fallback: int = 32) -> int:
-    """A completion's default token budget: the task's ``max_new_tokens`` (else ``fallback``), plus
-    :data:`INLINE_TOKENS` when answers may end with an inline report (``inline``; the warm-up's ``all``)."""
-    return int(getattr(task, "max_new_tokens", fallback)) + (INLINE_TOKENS if self_report in ("inline", "all") else 0)
+def default_new_tokens(task: Any, self_report: str | None, fallback: int = 32, chat: bool = False) -> int:
+    """A completion's default token budget: the task's ``max_new_tokens`` (with a chat model its
+    ``chat_max_new_tokens`` where it has one; else ``fallback``), plus :data:`INLINE_TOKENS` when answers may end
+    with an inline report (``inline``; the warm-up's ``all``)."""
+    own = getattr(task, "chat_max_new_tokens", None) if chat else None
+    base = int(own) if own is not None else int(getattr(task, "max_new_tokens", fallback))
+    return base + (INLINE_TOKENS if self_report in ("inline", "all") else 0)
+
+
 QUESTIONS = {"reflect": "\nsolved or unsolved?\n", "confidence": "\nconfidence (0-1)?\n"}
+CHAT_QUESTIONS = {"reflect": ("Is your answer correct? Reply with only yes or no.", ""),
+                  "confidence": ("How confident are you that your answer is correct? Reply with only a number "
+                                 "between 0 and 1.", "Confidence:")}
+"""The question a chat model is asked (a user turn) and how its answer turn opens (context, not trained): a
+general instruct model answers yes or no, and states a number once its turn opens with "Confidence:"."""
 _WORD = re.compile(r"\s*([A-Za-z]{1,16})")
 _NUMBER = re.compile(r"\s*([0-9](?:\.[0-9]{1,6})?)")
+_PERCENT = re.compile(r"\s*([0-9]{1,3}(?:\.[0-9]{1,6})?)\s*%")
+_WORDS = {"solved": 1.0, "unsolved": 0.0, "yes": 1.0, "no": 0.0}
+
+
+def question(kind: str) -> Reply:
+    """The self-report question of ``kind``: its raw text, and its chat form and prefill."""
+    text, prefill = CHAT_QUESTIONS[kind]
+    return Reply(QUESTIONS[kind], chat=text, prefill=prefill)
 
 
 def turn_confidences(infos: list[dict[str, Any]]) -> list[float | None]:
@@ -44,8 +62,9 @@ def turn_confidences(infos: list[dict[str, Any]]) -> list[float | None]:
 
 
 def parse_report(kind: str, text: Any) -> float | None:
-    """The report of a self-report turn: ``reflect``: 1 (solved) / 0 (unsolved) from the tag or the bare
-    first word; ``confidence``: q in [0, 1] from the tag or a bare leading number; None when malformed."""
+    """The report of a self-report turn: ``reflect``: 1 (solved, yes) / 0 (unsolved, no) from the tag or the bare
+    first word; ``confidence``: q in [0, 1] from the tag, a bare leading number or a leading percentage (``80%``);
+    None when malformed."""
     if not isinstance(text, str):
         return None
     if kind == "reflect":
@@ -53,10 +72,14 @@ def parse_report(kind: str, text: Any) -> float | None:
         if tagged is not None:
             return float(tagged)
         m = _WORD.match(text[:64])
-        return {"solved": 1.0, "unsolved": 0.0}.get(m.group(1).lower()) if m else None
+        return _WORDS.get(m.group(1).lower()) if m else None
     tagged = parse_confidence(text)
     if tagged is not None:
         return tagged
+    pct = _PERCENT.match(text[:64])
+    if pct is not None:
+        q = float(pct.group(1)) / 100.0
+        return q if 0.0 <= q <= 1.0 else None
     m = _NUMBER.match(text[:64])
     if m is None:
         return None
@@ -93,7 +116,7 @@ class SelfReportEnv:
         info.pop("reflection", None)
         info.pop("confidence", None)
         self._final = info
-        return QUESTIONS[self.kind], reward, False, {k: v for k, v in info.items() if k != "correct"}
+        return question(self.kind), reward, False, {k: v for k, v in info.items() if k != "correct"}
 
     def close(self) -> None:
         if hasattr(self.inner, "close"):

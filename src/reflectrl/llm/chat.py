@@ -62,7 +62,8 @@ class ChatFormat:
         self.end_text = tokenizer.decode([self.end_of_turn], skip_special_tokens=False)
         if not after_agent.startswith(self.end_text):
             raise ConfigError(f"cannot locate the end-of-turn token {self.end_text!r} in the chat template's output")
-        between = after_agent[len(self.end_text):] + two[len(one):]  # "\n<|im_start|>user\nTWO<|im_end|>\n<|im_start|>assistant\n"
+        # e.g. "\n<|im_start|>user\nTWO<|im_end|>\n<|im_start|>assistant\n"
+        between = after_agent[len(self.end_text):] + two[len(one):]
         self.reply_head, self.reply_tail = between.split(_USER2)
 
     # ----------------------------------------------------------------------------- text

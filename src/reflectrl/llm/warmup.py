@@ -105,6 +105,7 @@ SELF_REPORTS = ("off", "reflect", "confidence", "both", "inline", "all")
 MIXES = {"both": ("reflect", "confidence"), "all": ("reflect", "confidence", "inline")}
 REPORTS = {"reflect": ("solved", "unsolved"),
            "confidence": (("0.6", "0.7", "0.8", "0.9"), ("0.1", "0.2", "0.3", "0.4"))}
+CHAT_REPORTS = {"reflect": ("yes", "no"), "confidence": REPORTS["confidence"]}  # answers to the chat questions
 STEP_CONFIDENCES = {"start": ("0.4", "0.5"), "found": REPORTS["confidence"][0], "missed": ("0.1", "0.2", "0.3")}
 
 
@@ -132,11 +133,14 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
     ``stepwise_demonstration`` (rag) states a confidence on every turn (:data:`STEP_CONFIDENCES` per level), and
     ``detour_share`` of those episodes search in vain at one hop, by a wrong relation or a misspelled subject
     (that turn context only)."""
-    from ..tasks.base import teacher_prompt
-    from ..tasks.selfreport import QUESTIONS
+    from ..tasks.base import chat_prompt, teacher_prompt
+    from ..tasks.selfreport import question
 
     tok = policy.tokenizer
-    eos = policy.eos_ids[:1]
+    chat = getattr(policy, "chat", None)  # a chat model: every turn a message of the template (reflectrl.llm.chat)
+    eos = [chat.end_of_turn] if chat is not None else policy.eos_ids[:1]
+    words = CHAT_REPORTS if chat is not None else REPORTS
+    reply = (lambda text: policy.encode_reply(text, closed=True)) if chat is not None else (lambda text: _tokens(tok, text))
     g = generator or torch.Generator().manual_seed(0)
     rand = lambda: float(torch.rand((), generator=g))
     pick = lambda options: options[int(torch.randint(len(options), (), generator=g))]
@@ -165,22 +169,26 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
             if float(task.score(p, wrong)) <= 0.0:
                 turns, negative = [(wrong, "", False)], True
         segs = []
-        for t, (turn, reply, trained) in enumerate(turns):
+        for t, (turn, text, trained) in enumerate(turns):
             last = t == len(turns) - 1
-            ids = _tokens(tok, turn) + (eos if last and kind != "inline" else [])
+            closes = (last or chat is not None) and not (last and kind == "inline")  # a chat model ends every turn
+            ids = _tokens(tok, turn) + (eos if closes else [])
             segs.append(Segment(ids, "policy" if trained else "env", t))
-            if reply and not last:
-                segs.append(Segment(_tokens(tok, reply), "env", t))
+            if not last and (text or chat is not None):
+                segs.append(Segment(reply(text), "env", t))
         if kind == "inline":
             q = pick(REPORTS["confidence"][1 if negative else 0])
             segs.append(Segment(_tokens(tok, f"<confidence>{q}</confidence>") + eos, "policy", len(turns) - 1))
         elif kind != "off":
-            pos, neg = REPORTS[kind]
+            pos, neg = words[kind]
             answer = (neg if negative else pos) if kind == "reflect" else pick(neg if negative else pos)
-            segs.append(Segment(_tokens(tok, QUESTIONS[kind]), "env", len(turns) - 1))
-            segs.append(Segment(_tokens(tok, answer) + eos, "policy", len(turns)))
-        prompt = teacher_prompt(task, p) if teacher_share > 0 and not negative and rand() < teacher_share else p.prompt
-        ids = tok(prompt, add_special_tokens=True)["input_ids"]
+            segs.append(Segment(reply(question(kind)), "env", len(turns) - 1))
+            segs.append(Segment(_tokens(tok, (" " if chat is not None else "") + answer) + eos, "policy", len(turns)))
+        use_teacher = teacher_share > 0 and not negative and rand() < teacher_share
+        if chat is not None:
+            ids = policy.encode_prompt(teacher_prompt(task, p, chat=True) if use_teacher else chat_prompt(task, p))
+        else:
+            ids = tok(teacher_prompt(task, p) if use_teacher else p.prompt, add_special_tokens=True)["input_ids"]
         rows.append(RowResult(ids, segs, None, 0.0, False, False, []))
     return rows
 

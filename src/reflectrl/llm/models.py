@@ -102,8 +102,8 @@ def gguf_architecture(path: Path) -> str:
         from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
     except ImportError:  # pragma: no cover - an old transformers
         return arch
-    known = set(GGUF_SUPPORTED_ARCHITECTURES)
-    if arch not in known and arch.replace("_", "") not in known and not any(k in arch for k in ("llama", "mistral")):
+    known = set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}  # those two are metadata sections
+    if arch.replace("_", "") not in {k.replace("_", "") for k in known} and "llama" not in arch:
         raise ConfigError(f"{path.name}: transformers cannot load GGUF architecture {arch!r}; it supports "
                           f"{', '.join(sorted(known))}")
     return arch

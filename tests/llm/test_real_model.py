@@ -1,0 +1,76 @@
+"""The real pretrained model end to end (slow; ``make test-slow``): SmolLM2-135M-Instruct through ``get-model``,
+chat-framed rollouts, every ``--algo`` for an update with LoRA and with full fine-tuning, and a resumed run equal
+to an uninterrupted one."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reflectrl.algos import config_for_algo, resume
+from reflectrl.llm.grpo import GRPO
+from reflectrl.runlog import behaviour, read_metrics
+from reflectrl.trainer import CHECKPOINT
+
+pytestmark = pytest.mark.slow
+MODEL = "smollm2-135m-instruct"
+ALGOS = ("grpo", "drgrpo", "dapo", "refgrpo", "rlcr", "refgrpo-seed", "gear-seed", "gear", "exgrpo", "exgrpo-seed")
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    from reflectrl.llm.models import get_model
+
+    return get_model(MODEL)  # converted once into the cache, checked by loading it back
+
+
+def small(tmp_path, name, algo="grpo", **kw):
+    base = dict(task="arith", model=MODEL, run_dir=str(tmp_path / name), updates=2, prompts_per_update=2,
+                max_new_tokens=8, seed=3, progress=False, tensorboard=False, threads=1, reward_workers=0,
+                sample_interval=1, lora_r=4)
+    base.update(kw)
+    return config_for_algo(algo, **base)
+
+
+def test_get_model_writes_a_checked_plain_folder(model_dir):
+    info = json.loads((model_dir / "reflectrl_model.json").read_text())
+    assert info["checked"]["logits_max_abs_diff"] == 0.0 and info["checked"]["chat_template"]
+    assert "quantization_config" not in json.loads((model_dir / "config.json").read_text())
+    assert (model_dir / "model.safetensors").is_file() and (model_dir / "chat_template.jinja").is_file()
+
+
+def test_the_model_defaults_and_chat_prompts(model_dir, tmp_path):
+    cfg = small(tmp_path, "d")
+    assert cfg.learning_rate == 1e-4 and cfg.temperature == 0.6
+    trainer = GRPO(cfg)
+    assert trainer.policy.chat is not None and trainer.cfg.max_new_tokens == 8
+    trainer.learn()
+    sample = json.loads((tmp_path / "d" / "samples.jsonl").read_text().splitlines()[0])
+    assert "Reply with only the number" in json.dumps(sample)
+
+
+def test_resume_equals_uninterrupted(model_dir, tmp_path):
+    GRPO(small(tmp_path, "full", updates=3, minibatches=2)).learn()
+    GRPO(small(tmp_path, "cut", updates=2, minibatches=2)).learn()
+    resume(tmp_path / "cut", 3).learn()
+    a = behaviour(read_metrics(tmp_path / "full" / "metrics.jsonl"))
+    b = behaviour(read_metrics(tmp_path / "cut" / "metrics.jsonl"))
+    assert len(a) == 3 and a == b
+    ta, tb = load_file(str(tmp_path / "full" / CHECKPOINT)), load_file(str(tmp_path / "cut" / CHECKPOINT))
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+@pytest.mark.parametrize("lora_r", [4, 0])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algo_trains_an_update(model_dir, tmp_path, algo, lora_r):
+    from reflectrl.algos import get_algo
+
+    extra = {} if algo == "gear-seed" else {"group_size": 4}
+    cfg = small(tmp_path, algo, algo, updates=1, lora_r=lora_r, export_model=False, **extra)
+    summary = get_algo("llm", algo).make(cfg).learn()
+    assert summary["updates"] == 1 and (tmp_path / algo / CHECKPOINT).is_file()
+    rec = read_metrics(tmp_path / algo / "metrics.jsonl")[-1]
+    assert torch.isfinite(torch.tensor(rec["losses/grad_norm"]))
+    if cfg.self_report in ("reflect", "confidence"):  # the question was asked in the chat form and answered
+        assert "calibration/missing_rate" in rec or any(k.startswith("calibration/") for k in rec)

@@ -184,14 +184,13 @@ class GRPOConfig(RunOptions):
         """A copy with the turn and token budgets filled in from the task: turns default to 1 for a
         single-turn task and to the task's ``max_turns`` (else 6) for a multi-turn one; a completion's
         budget to the task's ``max_new_tokens`` (with a chat model its ``chat_max_new_tokens``; else 32), plus room
-        for the tag with ``self_report`` inline; the whole response's to completion budget x turns (x 2 for
-        multi-turn feedback)."""
+        for the tag with ``self_report`` inline; the whole response's to :func:`response_budget`."""
         from ..tasks.selfreport import default_new_tokens
 
         multi = bool(getattr(task, "multi_turn", False))
         turns = self.max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
         per_turn = self.max_new_tokens or default_new_tokens(task, self.self_report, chat=chat)
-        budget = self.max_response_tokens or (per_turn * turns * (2 if multi else 1))
+        budget = self.max_response_tokens or response_budget(per_turn, turns, multi, chat)
         return dataclasses.replace(self, max_turns=turns, max_new_tokens=per_turn, max_response_tokens=budget,
                                    norm_len=self.norm_len or budget)
 
@@ -259,6 +258,17 @@ class GRPOConfig(RunOptions):
         if self.policy_loss not in registered["policy_losses"]:
             raise ConfigError(f"unknown policy_loss {self.policy_loss!r}; registered: "
                               f"{', '.join(registered['policy_losses'])}")
+
+
+CHAT_REPLY_TOKENS = 64
+"""Room per environment reply in a chat model's response budget: the template's turn markers, the reply and the
+opening of the next answer (a self-report question with its prefill is about 30 tokens of SmolLM2's tokenizer)."""
+
+
+def response_budget(per_turn: int, turns: int, multi: bool, chat: bool = False) -> int:
+    """The default token budget of a whole response: completion budget x turns, x 2 for a multi-turn task's feedback,
+    plus :data:`CHAT_REPLY_TOKENS` per reply with a chat model."""
+    return per_turn * turns * (2 if multi else 1) + (CHAT_REPLY_TOKENS * (turns - 1) if chat and multi else 0)
 
 
 PROVIDED = frozenset({"values"})  # estimator inputs the trainer computes: values from a critic head

@@ -16,6 +16,7 @@ import torch
 
 from ..errors import ConfigError, ReflectRLError
 from ..tasks.base import SPLITS, Task, get_task
+from .config import response_budget
 from .engines import make_engine
 from .policy import Policy, load_policy
 from .rollout import Rollout
@@ -94,7 +95,8 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     greedy = samples == 0
     per = 1 if greedy else (n or samples)
     ro = Rollout(policy, make_engine(engine, policy, temperature), task, max_new_tokens, turns,
-                 max_response_tokens or max_new_tokens * turns * (2 if multi else 1), gen_batch, reward_workers=4)
+                 max_response_tokens or response_budget(max_new_tokens, turns, multi, policy.chat is not None),
+                 gen_batch, reward_workers=4)
     gen = torch.Generator().manual_seed(seed)
     was_training = policy.training
     policy.eval()

@@ -39,8 +39,8 @@ def worker_reflectrl(a) -> dict:
     cfg = config_for_algo("grpo", task="arith", model=a.model, run_dir=str(Path(a.tmp) / "reflectrl"),
                           updates=a.warmup + a.steps, prompts_per_update=a.rows // a.group_size,
                           group_size=a.group_size, max_new_tokens=a.max_new_tokens, learning_rate=a.lr,
-                          minibatches=a.minibatches,
-                          temperature=1.0, loss_agg_mode="seq-mean-token-mean", clip_low=0.2, kl_coef=0.0,
+                          minibatches=a.minibatches, lora_r=a.lora_r, task_options=tuple(a.set),
+                          temperature=a.temperature, loss_agg_mode="seq-mean-token-mean", clip_low=0.2, kl_coef=0.0,
                           threads=a.threads, progress=False, tensorboard=False, save_interval=0,
                           sample_interval=0, export_model=False, seed=a.seed)
     trainer = GRPO(cfg)
@@ -62,17 +62,22 @@ def worker_trl(a) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from reflectrl.tasks.base import get_task
+    from reflectrl.llm.models import has_chat_template, resolve_model
+    from reflectrl.tasks.base import chat_prompt, get_task, parse_options
 
     torch.set_num_threads(a.threads)
-    task = get_task("arith")
+    task = get_task("arith", **parse_options(a.set))
     problems = {p.id: p for p in task.problems("train")}
-    data = Dataset.from_list([{"prompt": p.prompt, "pid": pid} for pid, p in problems.items()])
+    path = resolve_model(a.model)
+    chat = has_chat_template(path)  # a chat model gets the same conversation reflectrl gives it (TRL applies the template)
+    prompt = (lambda p: [{"role": "user", "content": chat_prompt(task, p)}]) if chat else (lambda p: p.prompt)
+    data = Dataset.from_list([{"prompt": prompt(p), "pid": pid} for pid, p in problems.items()])
     counted = {"tokens": 0}
 
     def reward(completions, pid, completion_ids=None, **kw):
         counted["tokens"] += sum(len(c) for c in completion_ids)
-        return [task.score(problems[i], c) for i, c in zip(pid, completions)]
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [task.score(problems[i], c) for i, c in zip(pid, texts)]
 
     class Timer(TrainerCallback):
         def __init__(self):
@@ -97,15 +102,20 @@ def worker_trl(a) -> dict:
         max_completion_length=a.max_new_tokens, max_steps=(a.warmup + a.steps) * a.minibatches,
         learning_rate=a.lr,
         lr_scheduler_type="constant", warmup_steps=0, beta=0.0, num_iterations=1, epsilon=0.2,
-        temperature=1.0, top_p=1.0, top_k=0, loss_type="grpo", scale_rewards="group", max_grad_norm=1.0,
+        temperature=a.temperature, top_p=1.0, top_k=0, loss_type="grpo", scale_rewards="group", max_grad_norm=1.0,
         use_cpu=True, bf16=False, fp16=False, report_to="none", save_strategy="no", logging_steps=1000,
         log_completions=False, disable_dropout=True, dataloader_num_workers=0, seed=a.seed,
         adam_beta2=0.99, weight_decay=0.0,
     )
-    model = AutoModelForCausalLM.from_pretrained(a.model)
-    tok = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    peft = None
+    if a.lora_r:
+        from peft import LoraConfig
+
+        peft = LoraConfig(r=a.lora_r, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                          callbacks=[timer])
+                          callbacks=[timer], peft_config=peft)
     trainer.train()
     return {"tokens": timer.tokens, "seconds": timer.seconds, "cpu_seconds": timer.cpu,
             "threads": torch.get_num_threads()}
@@ -133,9 +143,10 @@ def worker_engines(a) -> dict:
 
 def spawn(kind: str, a, tmp: str) -> dict:
     argv = [sys.executable, __file__, "--worker", kind, "--model", a.model, "--tmp", tmp]
-    for k in ("rows", "group_size", "max_new_tokens", "steps", "warmup", "threads", "seed", "minibatches"):
+    for k in ("rows", "group_size", "max_new_tokens", "steps", "warmup", "threads", "seed", "minibatches", "lora_r",
+              "temperature"):
         argv += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
-    argv += ["--lr", str(a.lr)]
+    argv += ["--lr", str(a.lr)] + [x for o in a.set for x in ("--set", o)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false",
            "ACCELERATE_USE_CPU": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -161,6 +172,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank on both sides (0: full fine-tuning)")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="arith option (e.g. ops=+)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--engines", action="store_true", help="also time reflectrl's two generation engines")
     ap.add_argument("--out", default=None, help="write the result JSON here too")
@@ -203,7 +217,8 @@ def main() -> None:
               "wall_tokens_per_s": {k: round(statistics.median(v), 1) for k, v in wall.items()},
               "model": model_desc, "task": "arith", "group_size": a.group_size, "rows_per_step": a.rows,
               "minibatches": a.minibatches, "max_new_tokens": a.max_new_tokens,
-              "timed_steps": a.steps, "threads": a.threads, "lr": a.lr, "trl_version": trl.__version__,
+              "timed_steps": a.steps, "threads": a.threads, "lr": a.lr, "lora_r": a.lora_r,
+              "temperature": a.temperature, "task_options": a.set, "trl_version": trl.__version__,
               "transformers_version": transformers.__version__, **engines}
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)

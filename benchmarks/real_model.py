@@ -29,7 +29,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m-instruct"
 TASKS = ("arith", "codegen", "humaneval", "text2sql", "rag")
 LEARN_TASK = ("arith", ("ops=+",))  # two-digit addition: the model's greedy train accuracy 26% (17% with "-" too)
-LEARN_FLAGS = ("--lora-r", "16", "--prompts-per-update", "8", "--threads", "1", "--updates", "100000",
+LEARN_FLAGS = ("--lora-r", "16", "--prompts-per-update", "8", "--grad-accum", "4", "--threads", "1", "--updates", "100000",
                "--no-progress", "--eval-interval", "0", "--sample-interval", "25")
 
 

@@ -29,7 +29,8 @@ class WarmupConfig:
     """Supervised fine-tuning on demonstrations before RL."""
 
     model: str = ""
-    """Hugging Face model directory to start from (e.g. from `reflectrl llm init-tiny`)."""
+    """Hugging Face model directory to start from (e.g. from `reflectrl llm init-tiny`), a named model or a GGUF
+    file (docs/llm.md)."""
     task: str = "arith"
     """Registered task whose train split provides the demonstrations."""
     task_options: tuple[str, ...] = ()

@@ -74,3 +74,16 @@ def test_every_algo_trains_an_update(model_dir, tmp_path, algo, lora_r):
     assert torch.isfinite(torch.tensor(rec["losses/grad_norm"]))
     if cfg.self_report in ("reflect", "confidence"):  # the question was asked in the chat form and answered
         assert "calibration/missing_rate" in rec or any(k.startswith("calibration/") for k in rec)
+
+
+def test_the_documented_commands(model_dir, capsys):
+    """README's commands on the real model, shrunk: get-model prints the folder; eval asks for both self-reports
+    through the chat template and parses them."""
+    from reflectrl.cli import main
+
+    assert main(["llm", "get-model", MODEL]) == 0
+    assert capsys.readouterr().out.strip() == str(model_dir)
+    assert main(["llm", "eval", MODEL, "--task", "arith", "--split", "heldout", "--limit", "8",
+                 "--self-report", "both", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["n"] == 8 and res["reflection_missing_rate"] <= 0.25 and res["confidence_missing_rate"] <= 0.25

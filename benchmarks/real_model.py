@@ -87,12 +87,16 @@ def learn(a: argparse.Namespace) -> None:
         base = evaluation(MODEL, task, options, out.parent / "base.log")
         base_file.write_text(json.dumps({"benchmark": "real_base", "model": MODEL, **base}, indent=2) + "\n")
     before = json.loads(base_file.read_text())
-    run = out / "run"
-    if not (run / "checkpoint.safetensors").is_file():
+    run, done = out / "run", out / "train.done"
+    if not done.is_file():  # a finished training is kept (the evaluation may be run again)
+        if run.exists():
+            sys.exit(f"{run} holds an unfinished run: a budget in CPU seconds cannot be resumed to the same total; "
+                     f"remove {out} and start again")
         args = ["llm", "train", "--algo", a.algo, "--task", task, "--model", MODEL, "--run-dir", str(run),
                 "--seed", str(a.seed), "--cpu-time-limit-s", str(a.cpu_seconds), *LEARN_FLAGS,
                 *[x for o in options for x in ("--set", o)]]
         reflectrl(args, out / "train.log")
+        done.write_text("finished\n")
     config = json.loads((run / "config.json").read_text())
     after = evaluation(str(run), task, options, out / "eval.log")
     keys = ("accuracy", "ci", "reflection_accuracy", "reflection_missing_rate", "confidence_missing_rate", "ece",

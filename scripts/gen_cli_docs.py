@@ -14,7 +14,7 @@ COMMANDS = [
     ["compare"], ["plot"],
     ["sandbox", "run"], ["sandbox", "capabilities"],
     ["tasks"], ["tasks", "list"], ["tasks", "show"], ["tasks", "validate"],
-    ["llm"], ["llm", "init-tiny"], ["llm", "warmup"], ["llm", "train"], ["llm", "eval"], ["llm", "compare"],
+    ["llm"], ["llm", "init-tiny"], ["llm", "get-model"], ["llm", "warmup"], ["llm", "train"], ["llm", "eval"], ["llm", "compare"],
 ]
 
 

@@ -37,7 +37,7 @@ def cmd_train(argv: list[str]) -> int:
     from .algos import algo_names, get_algo
     from .cliutil import print_json, resume_from_cli
     from .control.config import PRESETS
-    from .runlog import ensure_writable_dir
+    from .runlog import ensure_writable_dir, guard_folder
 
     front, rest = _train_front(argv)
     if "-h" in rest or "--help" in rest:
@@ -58,6 +58,7 @@ def cmd_train(argv: list[str]) -> int:
             default = algo.config_cls(**PRESETS[front.preset])
         cfg = tyro.cli(algo.config_cls, args=rest, default=default, prog=f"reflectrl train --algo {algo.name}")
         if cfg.run_dir:
+            guard_folder(cfg.run_dir, "control run", "--run-dir")
             ensure_writable_dir(cfg.run_dir, "--run-dir", create=False)
         trainer = algo.make(cfg)
     print_json(trainer.learn())

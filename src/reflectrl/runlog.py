@@ -116,10 +116,50 @@ def ensure_writable_file(path: str | Path, what: str) -> Path:
     return p
 
 
+def folder_kind(path: str | Path) -> str | None:
+    """What a folder holds, as far as reflectrl writes folders: ``"model"`` (a Hugging Face model folder),
+    ``"llm run"`` or ``"control run"`` (a run directory), ``"comparison"`` (``compare`` / ``llm compare``
+    output), or None (missing, empty, or anything else)."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    cfg = p / "config.json"
+    if cfg.is_file():
+        try:
+            data = json.loads(cfg.read_text())
+        except (OSError, ValueError):
+            data = {}
+        if isinstance(data, dict):
+            if data.get("kind") in ("llm", "control"):
+                return f"{data['kind']} run"
+            if "model_type" in data or "architectures" in data:
+                return "model"
+            if "env_id" in data:  # a control run from before the kind field
+                return "control run"
+    if (p / "runs").is_dir() and ((p / "report.md").is_file() or (p / "models").is_dir()):
+        return "comparison"
+    return None
+
+
+def guard_folder(path: str | Path, writes: str, what: str) -> None:
+    """ConfigError in one line when ``path`` holds something of another kind than ``writes`` (see
+    :func:`folder_kind`): no command writes a run into a model folder, a model into a run, and so on, with or
+    without ``--force``."""
+    kind = folder_kind(path)
+    if kind is not None and kind != writes:
+        raise ConfigError(f"{what} {path} holds {_a(kind)}; reflectrl will not write {_a(writes)} into it "
+                          "(--force does not change that): choose another folder")
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
 def claim_output_dir(path: str | Path, what: str, force: bool, stale: tuple[str, ...] = ()) -> Path:
-    """A directory to write a model into: ConfigError if it already holds files (unless ``force``; then
-    the ``stale`` files of what was there, which the new contents would not replace, are removed), or
-    if it cannot be written."""
+    """A directory to write a model into: ConfigError if it holds a run or a comparison (whatever ``force``
+    says), if it already holds files (unless ``force``; then the ``stale`` files of what was there, which the
+    new contents would not replace, are removed), or if it cannot be written."""
+    guard_folder(path, "model", what)
     p = ensure_writable_dir(path, what, create=False)
     if p.is_dir() and any(p.iterdir()):
         if not force:

@@ -27,7 +27,7 @@ import torch
 from .checkpoint import load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks, unpack_optimizer
 from .errors import CheckpointError, ConfigError, ReflectRLError
 from .progress import TrainProgress
-from .runlog import open_run, truncate_metrics, write_config
+from .runlog import guard_folder, open_run, truncate_metrics, write_config
 
 CHECKPOINT = "checkpoint.safetensors"
 SEED_MAX = 2**63 - 1
@@ -252,6 +252,8 @@ class Trainer:
         """Train until the budget (or a time limit, or a stop signal); log, checkpoint, return a summary."""
         cfg = self.cfg
         fresh = self.update_idx == 0
+        if fresh:
+            guard_folder(self.run_dir, f"{self.kind} run", "run directory")
         if fresh and (self.run_dir / CHECKPOINT).exists():
             raise ConfigError(f"run directory {self.run_dir} already holds a run; continue it with "
                               f"`{self.resume_cmd} {self.run_dir}` or choose another --run-dir")

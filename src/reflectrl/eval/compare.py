@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import ConfigError, ReflectRLError
-from ..runlog import ensure_writable_dir, ensure_writable_file
+from ..runlog import ensure_writable_dir, ensure_writable_file, guard_folder
 from .rundata import EPISODIC_RETURN, load_run
 from .runner import RunSpec, make_result, materialize, plan, run_local
 
@@ -208,6 +208,7 @@ def main(argv: list[str]) -> int:
     methods = _validate(args)
     extra = [w for a in args.extra for w in shlex.split(a)]
     check_train_args(extra, "--extra")
+    guard_folder(Path(args.out).resolve(), "comparison", "--out")
     out = ensure_writable_dir(Path(args.out).resolve(), "--out")
     specs = build_grid(methods, args.env_ids, range(1, args.seeds + 1), args.total_timesteps, out, extra,
                        args.eval_episodes, args.retries)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ConfigError, ReflectRLError
+from ..runlog import guard_folder
 from .compare import MethodSpec, check_grid_args, check_train_args
 from .runner import RunSpec, _run_cli, make_result, materialize, plan, run_local
 
@@ -183,6 +184,7 @@ def main(argv: list[str]) -> int:
     extra = [w for a in args.extra for w in shlex.split(a)]
     check_train_args(extra, "--extra", "llm")
     out = Path(args.out).resolve()
+    guard_folder(out, "comparison", "--out")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -100,7 +100,7 @@ def cmd_train(argv: list[str]) -> int:
 
     from ..algos import algo_names, get_algo
     from ..cliutil import print_json, resume_from_cli
-    from ..runlog import ensure_writable_dir
+    from ..runlog import ensure_writable_dir, guard_folder
     from ..tasks.base import parse_options
 
     front, rest = _train_front(argv)
@@ -118,6 +118,7 @@ def cmd_train(argv: list[str]) -> int:
         cfg = tyro.cli(type(default), args=rest, default=default, prog=f"reflectrl llm train --algo {algo.name}")
         check_device(cfg.device)
         if cfg.run_dir and _rank() == 0:  # under torchrun, one process probes the run directory
+            guard_folder(cfg.run_dir, "llm run", "--run-dir")
             ensure_writable_dir(cfg.run_dir, "--run-dir", create=False)
         trainer = algo.make(cfg)
     summary = trainer.learn()

@@ -49,3 +49,41 @@ def test_writing_into_a_folder_of_another_kind_is_refused(tiny, tmp_path, capsys
     assert len(err) == 1 and "holds a" in err[0] and "--force does not change that" in err[0], err
     assert snapshot(tiny) == before_model and snapshot(run) == before_run
     assert json.loads((tiny / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_runs_record_absolute_model_paths_and_evaluate_from_another_folder(tiny, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(tiny, work / "tw")
+    monkeypatch.chdir(work)
+    assert main(["llm", "train", "--task", "arith", "--model", "tw", "--run-dir", "runs/r", "--updates", "1",
+                 "--prompts-per-update", "2", "--group-size", "2", "--max-new-tokens", "2", "--no-progress",
+                 "--no-tensorboard", "--lora-r", "2"]) == 0
+    assert json.loads((work / "runs/r/config.json").read_text())["model"] == str(work / "tw")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["llm", "eval", "work/runs/r", "--limit", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 2
+    (work / "tw").rename(work / "moved")
+    assert main(["llm", "eval", "work/runs/r", "--limit", "2", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--model PATH" in err[0], err
+    assert main(["llm", "eval", "work/runs/r", "--limit", "2", "--json", "--model", "work/moved"]) == 0
+    # a run folder as --model: its exported model; a control folder: one line saying what to pass
+    assert main(["llm", "eval", "work/runs/r", "--model", "work/moved", "--limit", "1", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["llm", "eval", "work/runs/r/..", "--task", "arith", "--limit", "1"]) == 2
+    assert "config.json" in capsys.readouterr().err
+
+
+def test_a_run_folder_as_model_means_its_exported_model(tiny, tmp_path, capsys):
+    run = llm_run(tmp_path, tiny)
+    capsys.readouterr()
+    assert main(["llm", "eval", str(tiny), "--task", "arith", "--limit", "1", "--json"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "warm"
+    assert main(["llm", "warmup", "--model", str(run), "--task", "arith", "--out", str(out), "--steps", "1",
+                 "--no-progress"]) == 0
+    assert json.loads((out / "warmup.json").read_text())["config"]["model"] == str(run)

@@ -176,6 +176,8 @@ def cmd_eval(argv: list[str]) -> int:
                          "(reflection accuracy, under/overconfidence, ECE, Brier, AUROC)")
     ap.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                     help="task option (default: the run's options); repeatable")
+    ap.add_argument("--model", default=None, metavar="PATH",
+                    help="a run's base model, where it has moved since the run (default: the path in its config.json)")
     ap.add_argument("--chat", choices=("auto", "on", "off"), default=None,
                     help="episodes as conversations in the model's chat template (default: the run's, else auto: when "
                          "the tokenizer has one); off: raw prompts")
@@ -190,7 +192,7 @@ def cmd_eval(argv: list[str]) -> int:
     res = evaluate(a.model_or_run_dir, a.task, a.split, a.samples, n=a.n, temperature=a.temperature, limit=a.limit,
                    max_new_tokens=a.max_new_tokens, max_turns=a.max_turns, confidence=a.confidence, seed=a.seed,
                    self_report=a.self_report, task_options=None if a.set is None else tuple(a.set),
-                   device=a.device, chat=a.chat)
+                   device=a.device, chat=a.chat, model=a.model)
     if a.json:
         print(json.dumps(res))
     else:

@@ -184,10 +184,24 @@ def _report_metrics(kind: str, correct: np.ndarray, finals: list[dict[str, Any]]
             "reports": {"correct": correct.astype(int).tolist(), key: [None if v is None else float(v) for v in values]}}
 
 
-def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None) -> tuple[Policy, dict[str, Any]]:
+def run_base_model(run_dir: Path, recorded: str) -> str:
+    """The base model of a run: the recorded path, or (a relative path recorded by an older run, evaluated from
+    another folder) that path beside or inside the run folder, where it exists."""
+    p = Path(recorded).expanduser()
+    if p.is_absolute() or p.exists():
+        return recorded
+    for base in (run_dir.parent, run_dir):
+        if (base / p / "config.json").is_file():
+            return str((base / p).resolve())
+    return recorded
+
+
+def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None,
+                  model: str | None = None) -> tuple[Policy, dict[str, Any]]:
     """A policy from a model directory, or from a GRPO run directory's latest checkpoint (its base
     model plus the trained weights); returns it with the run's config (empty for a model directory). ``chat``:
-    ``auto``, ``on`` or ``off`` (default: the run's, else auto)."""
+    ``auto``, ``on`` or ``off`` (default: the run's, else auto); ``model``: the run's base model where it has moved
+    (default: the path in its config.json)."""
     from ..checkpoint import load_checkpoint
     from ..trainer import CHECKPOINT, read_config_json, run_kind
     from .config import is_llm_run_dir, load_llm_config
@@ -198,8 +212,15 @@ def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None
     if is_llm_run_dir(p):
         cfg = load_llm_config(p)
         tensors, _ = load_checkpoint(p / CHECKPOINT)
-        policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, dtype=cfg.dtype, device=device,
-                             chat=chat or cfg.chat)
+        base = model or run_base_model(p, cfg.model)
+        try:
+            policy = load_policy(base, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, dtype=cfg.dtype, device=device,
+                                 chat=chat or cfg.chat)
+        except ReflectRLError as exc:
+            if model is not None:
+                raise
+            raise ReflectRLError(f"the base model of run {p} cannot be loaded ({exc}); give its place with "
+                                 f"`reflectrl llm eval {p} --model PATH`") from None
         state = {k[7:]: v for k, v in tensors.items() if k.startswith("policy/")}
         for key in state:
             if key.startswith("heads."):
@@ -210,6 +231,9 @@ def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None
         import dataclasses
 
         return policy, dataclasses.asdict(cfg)
+    if model is not None:
+        raise ConfigError(f"--model gives a run's moved base model; {p} is not an LLM run directory (evaluate a "
+                          "model folder by passing it as the first argument)")
     if p.is_dir() and not (p / "model.safetensors").exists() and (p / "model" / "config.json").is_file():
         p = p / "model"  # a run directory without a checkpoint but with its exported model
     if p.is_dir() and not (p / "config.json").is_file():
@@ -223,7 +247,8 @@ def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "he
     directory (a run trained with a self-report turn counts that turn in its ``max_turns``), else the task's."""
     from ..tasks.base import parse_options
 
-    policy, run_cfg = load_for_eval(model_or_run, kwargs.pop("device", "cpu"), kwargs.pop("chat", None))
+    policy, run_cfg = load_for_eval(model_or_run, kwargs.pop("device", "cpu"), kwargs.pop("chat", None),
+                                    kwargs.pop("model", None))
     task_name = task or run_cfg.get("task")
     if not task_name:
         raise ConfigError("--task is required when evaluating a model directory")

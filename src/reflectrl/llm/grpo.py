@@ -13,6 +13,7 @@ Methods of :mod:`reflectrl.methods` plug in through the shared contract (:class:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -34,7 +35,7 @@ from .config import SAMPLES, GRPOConfig
 from .distributed import from_env, rank_seed, shard
 from .engines import check_engine, make_engine
 from .models import uses_chat
-from .policy import load_policy
+from .policy import absolute_model, load_policy
 from .rollout import Rollout, RolloutStats
 from .update import REPORT_ENTROPY, VALUE_HEAD, PolicyUpdate
 
@@ -94,7 +95,9 @@ class GRPO(PolicyUpdate, Trainer):
         self.task = with_self_report(get_task(config.task, **config.task_kwargs()), config.self_report)
         if hasattr(self.task, "sandbox_batch"):
             self.task.sandbox_batch = config.sandbox_batch
-        # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load)
+        # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load);
+        # a local model path is recorded absolute, so the run resumes and evaluates from any folder
+        config = dataclasses.replace(config, model=absolute_model(config.model))
         self.cfg = cfg = config.resolved(self.task, chat=uses_chat(config.model, config.chat))
         check_engine(cfg.engine)
         self.dist, device = from_env(cfg.device)  # torchrun: this process's rank and device (one process: as given)

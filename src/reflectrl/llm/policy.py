@@ -277,18 +277,44 @@ def _cache_kwarg(model: nn.Module) -> str:
 
 
 def _resolve_source(path: str) -> str:
-    """A local directory, or a hub id when the path does not exist locally; else one clear error."""
+    """A local model directory (a run directory's exported ``model/``), or a hub id when the path does not exist
+    locally and looks like one (``owner/name``) while the hub is reachable; else one clear error."""
+    import os
+
+    from ..runlog import folder_kind
+
     p = Path(path).expanduser()
     if p.exists():
+        kind = folder_kind(p)
+        if kind == "llm run":
+            if (p / "model" / "config.json").is_file():
+                return str(p / "model")  # the run's exported policy
+            raise ReflectRLError(f"{p} is an LLM run directory without an exported model yet: pass a model folder, "
+                                 f"or evaluate the run's checkpoint with `reflectrl llm eval {p}`")
+        if kind in ("control run", "comparison"):
+            raise ReflectRLError(f"{p} holds a {kind}, not a language model: pass a model folder, a named model or "
+                                 "a .gguf file")
         if not (p / "config.json").is_file():
             raise ReflectRLError(f"{p} is not a Hugging Face model directory (no config.json); create one with "
                                  "`reflectrl llm init-tiny DIR` or pass a model directory")
         return str(p)
     looks_like_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
-    if not looks_like_hub_id:
-        raise ReflectRLError(f"model path {path} does not exist; create a tiny model with "
-                             f"`reflectrl llm init-tiny {path}` or pass an existing model directory")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    if not looks_like_hub_id or offline:
+        from .models import NAMED_MODELS
+
+        where = f" (from {Path.cwd()})" if not p.is_absolute() else ""
+        raise ReflectRLError(f"model path {path} does not exist{where}; pass an existing model folder, a named model "
+                             f"({', '.join(NAMED_MODELS)}), a .gguf file, or a new tiny model from "
+                             f"`reflectrl llm init-tiny DIR`")
     return path
+
+
+def absolute_model(path: str) -> str:
+    """``path`` as a run records it: an existing local path made absolute (so the run can be resumed or evaluated
+    from any folder); a named model, a GGUF file's name or a hub id as given."""
+    p = Path(path).expanduser()
+    return str(p.resolve()) if p.exists() else path
 
 
 def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dropout: float = 0.0,

@@ -202,6 +202,9 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
 
     cfg.validate()
     from ..runlog import claim_output_dir
+    from .policy import absolute_model
+
+    cfg = dataclasses.replace(cfg, model=absolute_model(cfg.model))  # warmup.json names the model from any folder
 
     claim_output_dir(cfg.out, "--out", cfg.force, stale=("warmup.json",))
     torch.set_num_threads(cfg.threads)

@@ -8,7 +8,7 @@ import argparse
 import contextlib
 import json
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from .errors import ConfigError
 
@@ -52,6 +52,26 @@ def check_device(device: str, flag: str = "--device") -> str:
     elif dev.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"{flag} {device}: only cpu, cuda and mps devices are supported")
     return device
+
+
+def merge_task_options(*given: tuple[str, Sequence[str]]) -> tuple[str, ...]:
+    """One list of task options from the flags that give them (``--set``, ``--task-options``, ``--task-option``:
+    aliases), in order, each KEY once; ConfigError naming both flags when one KEY gets two values."""
+    from .tasks.base import parse_options
+
+    seen: dict[str, tuple[str, Any]] = {}
+    out: list[str] = []
+    for flag, items in given:
+        for item in items:
+            ((key, val),) = parse_options([item]).items()
+            if key in seen:
+                if seen[key][1] != val:
+                    raise ConfigError(f"task option {key} is given twice with different values: {seen[key][0]} "
+                                      f"{key}={seen[key][1]!r} and {flag} {item}; give it once (--set KEY=VALUE)")
+                continue
+            seen[key] = (flag, val)
+            out.append(item)
+    return tuple(out)
 
 
 def resume_from_cli(run_dir: str, rest: list[str], kind: str, algo: str | None, preset: str | None = None) -> Any:

@@ -83,7 +83,7 @@ def test_one_batch_is_the_plain_filter(tiny_dir, tmp_path):
 def test_needs_the_filter_and_a_count(tiny_dir, tmp_path):
     with pytest.raises(ConfigError, match="--filter-zero-std"):
         make(tiny_dir, tmp_path, filter_zero_std=False, max_gen_batches=3)
-    with pytest.raises(ConfigError, match="max_gen_batches must be >= 0"):
+    with pytest.raises(ConfigError, match="--max-gen-batches must be >= 0"):
         make(tiny_dir, tmp_path, max_gen_batches=-1)
     with pytest.raises(ConfigError, match="composes its own batches"):
         make(tiny_dir, tmp_path, algo="exgrpo", max_gen_batches=3)

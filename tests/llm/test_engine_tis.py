@@ -157,7 +157,7 @@ def test_the_loss_multiplies_each_token_by_its_weight(tiny_dir, tmp_path):
 
 
 def test_tis_cap_is_validated(tiny_dir, tmp_path):
-    with pytest.raises(ConfigError, match="tis_cap must be >= 1"):
+    with pytest.raises(ConfigError, match="--tis-cap must be >= 1"):
         GRPO(cfg(tiny_dir, tmp_path, tis_cap=0.5))
     with pytest.raises(ConfigError, match="--engine-options expects KEY=VALUE"):
         GRPO(cfg(tiny_dir, tmp_path, engine_options=("sigma",)))

@@ -53,5 +53,5 @@ def test_weights_only_the_report_turn_and_changes_the_gradient(tiny_dir, tmp_pat
 def test_needs_a_report_turn(tiny_dir, tmp_path):
     with pytest.raises(ConfigError, match="needs a self-report turn"):
         make(tiny_dir, tmp_path, algo="grpo", report_entropy_coef=0.1)
-    with pytest.raises(ConfigError, match="report_entropy_coef must be >= 0"):
+    with pytest.raises(ConfigError, match="--report-entropy-coef must be >= 0"):
         make(tiny_dir, tmp_path, report_entropy_coef=-1.0)

@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup-target", type=float, default=None, metavar="F",
                     help="train accuracy at which each tiny model's warm-up stops (default: the task recipe's, 0.2); a "
                          "lower one gives a harder setting, GRPO starting from a weaker model (use its own --out)")
-    ap.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--task-option", "--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a task option added to the recipe's, in every warm-up, run and evaluation (repeatable): "
                          "--task-option report=steps")
     ap.add_argument("--step-confidence", action="store_true",

@@ -6,6 +6,7 @@ Every error a user can cause ends in one ``error: ...`` line on stderr and exit 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -78,9 +79,16 @@ def cmd_get_model(argv: list[str]) -> int:
 def cmd_warmup(argv: list[str]) -> int:
     import tyro
 
+    from ..cliutil import merge_task_options
     from .warmup import WarmupConfig, warmup
 
+    front = argparse.ArgumentParser(add_help=False)
+    front.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sets, argv = front.parse_known_args(argv)
     cfg = tyro.cli(WarmupConfig, args=argv, prog="reflectrl llm warmup")
+    if sets.set:  # --set KEY=VALUE, as on train and eval; an alias of --task-options
+        cfg = dataclasses.replace(cfg, task_options=merge_task_options(("--set", sets.set),
+                                                                       ("--task-options", cfg.task_options)))
     check_seed(cfg.seed)
     check_device(cfg.device)
     print(json.dumps({k: v for k, v in warmup(cfg).items() if k != "config"}))
@@ -99,7 +107,7 @@ def cmd_train(argv: list[str]) -> int:
     import tyro
 
     from ..algos import algo_names, get_algo
-    from ..cliutil import print_json, resume_from_cli
+    from ..cliutil import merge_task_options, print_json, resume_from_cli
     from ..runlog import ensure_writable_dir, guard_folder
     from ..tasks.base import parse_options
 
@@ -116,6 +124,9 @@ def cmd_train(argv: list[str]) -> int:
         # the defaults that follow the model and LoRA (learning rate, group size, temperature): explicit flags win
         default = algo.config(task_options=tuple(front.set), **_model_flags(rest))
         cfg = tyro.cli(type(default), args=rest, default=default, prog=f"reflectrl llm train --algo {algo.name}")
+        if front.set and cfg.task_options != default.task_options:  # --task-options too: aliases that must agree
+            cfg = dataclasses.replace(cfg, task_options=merge_task_options(("--set", front.set),
+                                                                           ("--task-options", cfg.task_options)))
         check_device(cfg.device)
         if cfg.run_dir and _rank() == 0:  # under torchrun, one process probes the run directory
             guard_folder(cfg.run_dir, "llm run", "--run-dir")
@@ -185,6 +196,12 @@ def cmd_eval(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.samples < 0 or not 0 < a.confidence < 1 or (a.limit is not None and a.limit < 1):
         raise ConfigError("--samples must be >= 0, --limit >= 1 and --confidence in (0, 1)")
+    for flag, val in (("--max-new-tokens", a.max_new_tokens), ("--max-turns", a.max_turns)):
+        if val is not None and val < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {val}")
+    if not a.samples and (a.n is not None or any(x.split("=")[0] == "--temperature" for x in argv)):
+        raise ConfigError("--n and --temperature set how --samples samples: give --samples k (greedy decoding "
+                          "uses neither)")
     if a.samples and a.temperature <= 0:
         raise ConfigError("--samples needs --temperature > 0")
     check_seed(a.seed)
@@ -193,6 +210,8 @@ def cmd_eval(argv: list[str]) -> int:
                    max_new_tokens=a.max_new_tokens, max_turns=a.max_turns, confidence=a.confidence, seed=a.seed,
                    self_report=a.self_report, task_options=None if a.set is None else tuple(a.set),
                    device=a.device, chat=a.chat, model=a.model)
+    for line in report_warnings(res):
+        print(f"warning: {line}", file=sys.stderr)
     if a.json:
         print(json.dumps(res))
     else:
@@ -200,7 +219,38 @@ def cmd_eval(argv: list[str]) -> int:
         extra = "".join(f", {k} {v:.3f}" for k, v in res.items() if k.startswith("pass@") and not k.endswith("_ci"))
         print(f"{a.model_or_run_dir} on {res['task']}/{res['split']}: accuracy {res['accuracy']:.3f} "
               f"[{lo:.3f}, {hi:.3f}] ({res['mode']}, n={res['n']}){extra}")
+        for line in report_lines(res):
+            print(f"  {line}")
     return 0
+
+
+def _fmt(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def report_lines(res: dict[str, Any]) -> list[str]:
+    """The self-report part of an evaluation, in words (what ``--json`` holds as fields)."""
+    out = []
+    if res.get("reflection_missing_rate") is not None:
+        out.append(f"reflection: accuracy {_fmt(res.get('reflection_accuracy'))} (best constant "
+                   f"{_fmt(res.get('best_constant'))}), underconfidence {_fmt(res.get('underconfidence'))}, "
+                   f"overconfidence {_fmt(res.get('overconfidence'))}, missing {100 * res['reflection_missing_rate']:.0f}%")
+    if res.get("confidence_missing_rate") is not None:
+        out.append(f"confidence: mean {_fmt(res.get('mean_confidence'))}, ECE {_fmt(res.get('ece'))}, Brier "
+                   f"{_fmt(res.get('brier'))}, AUROC {_fmt(res.get('auroc'))}, missing "
+                   f"{100 * res['confidence_missing_rate']:.0f}%")
+    return out
+
+
+def report_warnings(res: dict[str, Any]) -> list[str]:
+    """A warning per kind of self-report that most episodes did not state (its metrics are of the rest)."""
+    out = []
+    for kind, key in (("reflections", "reflection_missing_rate"), ("confidences", "confidence_missing_rate")):
+        rate = res.get(key)
+        if rate is not None and rate > 0.5:
+            out.append(f"{100 * rate:.0f}% of the {kind} asked for are missing or malformed: their calibration is "
+                       "computed on the rest")
+    return out
 
 
 def cmd_compare(argv: list[str]) -> int:

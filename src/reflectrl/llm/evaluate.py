@@ -121,7 +121,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
         ro.close()
         policy.train(was_training)
     out: dict[str, Any] = {"task": getattr(task, "name", None), "split": split, "n": len(problems),
-                           "confidence": confidence, "mean_score": float(scores.mean())}
+                           "ci_level": confidence, "mean_score": float(scores.mean())}
     if self_report not in (None, "off"):
         out.update(_report_metrics(self_report, correct.reshape(-1), finals))
     out.update(_episode_metrics(episodes))
@@ -179,6 +179,9 @@ def _report_metrics(kind: str, correct: np.ndarray, finals: list[dict[str, Any]]
     m = self_report_metrics(correct.astype(float), arr if kind == "reflect" else None,
                             arr if kind in ("confidence", "inline") else None)
     m.pop("accuracy", None)
+    # the accuracy of the episodes whose reflection parsed (the ones the reflection rates describe): not the accuracy
+    if "task_accuracy" in m:
+        m["reported_accuracy"] = m.pop("task_accuracy")
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
     return {**clean, "self_report": kind,
             "reports": {"correct": correct.astype(int).tolist(), key: [None if v is None else float(v) for v in values]}}

@@ -1,0 +1,66 @@
+"""An LLM user's bad day: flags checked by their own names, task options with one meaning whatever their spelling,
+evaluations that say what they measured."""
+
+import json
+
+import pytest
+
+from reflectrl.cli import main
+
+TRAIN = ["llm", "train", "--task", "arith", "--updates", "1", "--prompts-per-update", "2", "--group-size", "2",
+         "--max-new-tokens", "2", "--no-progress", "--no-tensorboard"]
+
+
+def one_error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--eval-interval", "-1"], "--eval-interval must be >= 0"),
+    (["--eval-problems", "0"], "--eval-problems must be >= 1"),
+    (["--sample-interval", "-1"], "--sample-interval must be >= 0"),
+    (["--samples-per-log", "-2"], "--samples-per-log must be >= 1"),
+    (["--prompts-per-update", "0"], "--prompts-per-update must be >= 1"),
+    (["--lora-dropout", "1.5"], "--lora-dropout in [0, 1)"),
+])
+def test_train_flags_are_checked_by_their_names(tiny_dir, tmp_path, capsys, flags, says):
+    assert main([*TRAIN, "--model", str(tiny_dir), "--run-dir", str(tmp_path / "r"), *flags]) == 2
+    assert says in one_error_line(capsys)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--max-turns", "0"], "--max-turns must be >= 1"),
+    (["--max-turns", "-1"], "--max-turns must be >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--n", "4"], "give --samples k"),
+    (["--temperature", "0.5"], "give --samples k"),
+])
+def test_eval_flags_are_checked_by_their_names(tiny_dir, capsys, flags, says):
+    assert main(["llm", "eval", str(tiny_dir), "--task", "arith", "--limit", "1", *flags]) == 2
+    assert says in one_error_line(capsys)
+
+
+def test_task_option_spellings_agree_or_conflict_in_one_line(tiny_dir, tmp_path, capsys):
+    assert main([*TRAIN, "--model", str(tiny_dir), "--run-dir", str(tmp_path / "c"), "--set", "digits=3",
+                 "--task-options", "digits=2"]) == 2
+    assert "task option digits is given twice" in one_error_line(capsys)
+    assert main([*TRAIN, "--model", str(tiny_dir), "--run-dir", str(tmp_path / "a"), "--set", "digits=1",
+                 "--task-options", "digits=1", "ops=+"]) == 0
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["task_options"] == ["digits=1", "ops=+"]
+    capsys.readouterr()
+    assert main(["llm", "warmup", "--model", str(tiny_dir), "--task", "arith", "--out", str(tmp_path / "w"),
+                 "--steps", "1", "--set", "digits=1", "--no-progress"]) == 0
+    assert json.loads((tmp_path / "w" / "warmup.json").read_text())["config"]["task_options"] == ["digits=1"]
+
+
+def test_eval_prints_the_calibration_and_warns_when_reports_are_missing(tiny_dir, capsys):
+    assert main(["llm", "eval", str(tiny_dir), "--task", "arith", "--limit", "4", "--self-report", "both"]) == 0
+    cap = capsys.readouterr()
+    assert "reflection: accuracy" in cap.out and "confidence: mean" in cap.out
+    assert "warning: 100% of the reflections asked for are missing" in cap.err  # a random model states none
+    assert main(["llm", "eval", str(tiny_dir), "--task", "arith", "--limit", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ci_level"] == 0.95 and "confidence" not in res

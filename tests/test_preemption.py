@@ -201,3 +201,53 @@ def test_compare_retries_a_failed_run_from_its_checkpoint(tmp_path, monkeypatch,
     assert [(a["kind"], a["status"]) for a in info["attempts"]] == [("train", 143), ("resume", 0), ("eval", 0)]
     assert [a[:2] for a in seen] == [["train", "--algo"], ["train", "--resume"], ["eval", str(d)]]
     assert [r["global_step"] for r in read_records(d / "metrics.jsonl")] == [64, 128, 192, 256]
+
+
+# ------------------------------------------------------------------------------------- double Ctrl-C
+def double_sigint(tiny: Path, tmp_path: Path, tries: int) -> None:
+    """``tries`` double Ctrl-Cs (two SIGINTs 20 ms apart) in a row, each at a random point of an update of a fresh
+    or resumed run: each process ends within 30 s, with one line and status 130, never a traceback; the run then
+    resumes from its last checkpoint."""
+    import random
+
+    run = tmp_path / "dbl"
+    rng = random.Random(0)
+    for i in range(tries):
+        args = ["llm", "train", "--resume", str(run), "--no-progress"] if i else \
+            [*llm_flags(tiny, 100000), "--save-interval", "1", "--no-tensorboard", "--run-dir", str(run)]
+        proc = start(args)
+        metrics = run / "metrics.jsonl"
+        have = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            if metrics.exists() and len(metrics.read_text().splitlines()) > have + 1:
+                break
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.05))
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"try {i}: still running 30 s after a double Ctrl-C (a hang)")
+        assert time.monotonic() - t0 < 30
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        last = err.strip().splitlines()[-1]
+        assert ("stopped at once" in last and "continue with `reflectrl llm train --resume" in last) or \
+            last.startswith("stopped by SIGINT after update"), err
+    done = int(load_checkpoint(run / "checkpoint.safetensors")[1]["update"])
+    assert main(["llm", "train", "--resume", str(run), "--updates", str(done + 1), "--no-progress"]) == 0
+    assert [r["update"] for r in read_records(run / "metrics.jsonl")] == list(range(1, done + 2))
+
+
+def test_a_double_ctrl_c_ends_in_one_line_and_resumes(tiny, tmp_path, capsys):
+    double_sigint(tiny, tmp_path, tries=3)
+
+
+@pytest.mark.slow
+def test_twenty_double_ctrl_cs_in_a_row(tiny, tmp_path, capsys):
+    double_sigint(tiny, tmp_path, tries=20)

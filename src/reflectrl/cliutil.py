@@ -179,9 +179,11 @@ def run_command(fn: Any, argv: list[str]) -> int:
     import os
     import sys
 
+    from . import trainer
     from .errors import ReflectRLError
     from .trainer import TrainingStopped
 
+    trainer.SECOND_INTERRUPT_EXITS = True  # a double Ctrl-C ends the process in one line, never a hang
     try:
         with one_line_warnings():
             return fn(argv)

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -97,20 +97,42 @@ class NonFiniteError(ReflectRLError):
     """A NaN or inf reached a tensor the update depends on."""
 
 
+SECOND_INTERRUPT_EXITS = False
+"""Set by the command line (:func:`reflectrl.cliutil.run_command`): a second SIGINT ends the process at once with one
+line and status 130, instead of raising KeyboardInterrupt wherever the main thread is (which could leave a lock
+held and hang, or print a traceback from interpreter shutdown)."""
+
+
 class StopRequests:
     """Turns SIGTERM and SIGINT into a request to stop at the next safe point (the main thread only;
-    elsewhere the signals keep their handlers). A second SIGINT interrupts at once."""
+    elsewhere the signals keep their handlers). A second SIGINT interrupts at once: in a command-line process it
+    ends the process with the line ``at_once()`` gives (the last checkpoint stays as it was written, atomically,
+    and resumes), and keeps doing so until the process has exited; in a library call it raises KeyboardInterrupt."""
 
-    def __init__(self) -> None:
+    def __init__(self, at_once: Callable[[], str] | None = None) -> None:
         self.signum: int | None = None
         self._old: dict[int, Any] = {}
+        self.at_once = at_once
 
     @property
     def requested(self) -> bool:
         return self.signum is not None
 
+    def _exit_now(self, signum: int, frame: Any = None) -> None:
+        import os
+        import sys
+
+        try:
+            line = self.at_once() if self.at_once is not None else "interrupted"
+            sys.stderr.write(f"{signal.Signals(signum).name} again: stopped at once; {line}\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(128 + signum)
+
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum == signal.SIGINT and signum == signal.SIGINT:
+            if SECOND_INTERRUPT_EXITS:
+                self._exit_now(signum)
             raise KeyboardInterrupt
         self.signum = signum
         import sys
@@ -126,7 +148,9 @@ class StopRequests:
 
     def __exit__(self, *exc: Any) -> None:
         for s, h in self._old.items():
-            signal.signal(s, h)
+            # a command-line process that is stopping keeps ending at once on another Ctrl-C while it shuts down
+            late = SECOND_INTERRUPT_EXITS and self.requested and s == signal.SIGINT
+            signal.signal(s, self._exit_now if late else h)
 
 
 def cpu_seconds() -> float:
@@ -262,7 +286,7 @@ class Trainer:
         clock, start = Clock(), self.position
         try:
             bar_args = (self.total, cfg.progress and self.is_main, self.describe(), *self.bar_labels())
-            with StopRequests() as stop, TrainProgress(*bar_args) as bar:
+            with StopRequests(self._interrupted_line) as stop, TrainProgress(*bar_args) as bar:
                 while not self.finished:
                     self.current_update = self.update_idx + 1  # what finite() names (DQN counts at the end)
                     rec = self.iteration()
@@ -323,6 +347,14 @@ class Trainer:
             if not any(h is o for o in out):
                 out.append(h)
         return out
+
+    def _interrupted_line(self) -> str:
+        """What a run stopped at once holds: its last checkpoint and how to continue, or that it has none."""
+        saved = getattr(self, "saved_update", None)
+        if saved is None or not (self.run_dir / CHECKPOINT).is_file():
+            return f"{self.run_dir} holds no checkpoint yet: start the run again"
+        return (f"the checkpoint of update {saved} in {self.run_dir} holds the run (later records are dropped on "
+                f"resume): continue with `{self.resume_cmd} {self.run_dir}`")
 
     def save(self, path: Path | None = None) -> None:
         """Write the checkpoint atomically, and ``config.json`` beside it (so it always describes it)."""

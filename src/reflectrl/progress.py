@@ -30,9 +30,12 @@ class TrainProgress:
             self._task = self._p.add_task(self._description, total=self._total, rate="-", value="-")
         return self
 
-    def update(self, completed: int, rate: float, value: float | None) -> None:
+    def update(self, completed: int, rate: float, value: float | str | None) -> None:
         if self._p is not None:
-            shown = "-" if value is None else (f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}")
+            if isinstance(value, str):
+                shown = value
+            else:
+                shown = "-" if value is None else (f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}")
             self._p.update(self._task, completed=completed, rate=f"{rate:.3g}" if rate < 100 else f"{rate:.0f}",
                            value=shown)
 

@@ -64,3 +64,33 @@ def test_eval_prints_the_calibration_and_warns_when_reports_are_missing(tiny_dir
     assert main(["llm", "eval", str(tiny_dir), "--task", "arith", "--limit", "2", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["ci_level"] == 0.95 and "confidence" not in res
+
+
+def test_warmup_rate_follows_the_model_and_warns_for_a_pretrained_one(tiny_dir, tmp_path):
+    from transformers import LlamaConfig
+
+    from reflectrl.llm.warmup import PRETRAINED_WARMUP_LR, TINY_WARMUP_LR, warmup_learning_rate
+
+    big = tmp_path / "big"
+    LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30).save_pretrained(big)
+    assert warmup_learning_rate(str(tiny_dir), None) == TINY_WARMUP_LR
+    assert warmup_learning_rate(str(big), None) == PRETRAINED_WARMUP_LR
+    with pytest.warns(UserWarning, match="a tiny model's rate"):
+        assert warmup_learning_rate(str(big), 3e-3) == 3e-3
+
+
+def test_the_filter_reads_the_trained_reward_not_the_task_score():
+    """Groups whose task scores are equal but whose trained rewards differ (rlcr's Brier term) carry signal: they
+    are kept; a group equal in both is left out."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from reflectrl.llm.grpo import _no_signal_rows, trained_reward
+
+    mask = torch.tensor([[1, 1, 0]] * 4, dtype=torch.bool)
+    rewards = torch.tensor([[0.0, -0.81, 0.0], [0.0, -0.04, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    batch = SimpleNamespace(index=torch.tensor([0, 0, 1, 1]), scores=torch.tensor([0.0, 0.0, 1.0, 1.0]),
+                            token_rewards=rewards, completion_mask=mask)
+    assert trained_reward(batch).tolist() == pytest.approx([-0.81, -0.04, 1.0, 1.0])
+    assert _no_signal_rows(batch).tolist() == [False, False, True, True]

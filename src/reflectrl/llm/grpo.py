@@ -275,7 +275,7 @@ class GRPO(PolicyUpdate, Trainer):
         off = batch.extras.get("loss/offpolicy")
         fresh = batch if off is None or not bool(off.any()) else batch.select((off.sum(1) == 0).nonzero().squeeze(1),
                                                                            trim=False)
-        rec = {"update": self.update_idx, "global_step": self.global_step, **self.reward_metrics(fresh), **gap}
+        rec = {"update": self.update_idx, "global_step": self.global_step, **self.reward_metrics(fresh, bool(self.methods)), **gap}
         batch.extras["row_id"] = torch.arange(batch.rows)
         if cfg.report_entropy_coef > 0:
             asked = episode_info(batch).get("report_asked", torch.zeros(batch.rows))
@@ -283,8 +283,8 @@ class GRPO(PolicyUpdate, Trainer):
             batch.extras[REPORT_ENTROPY] = report.float() * cfg.report_entropy_coef
         self._batch_shape = (batch.rows, batch.steps)
         train = batch
-        if cfg.filter_zero_std:
-            keep = (~_zero_std_rows(batch)).nonzero().squeeze(1)
+        if cfg.filter_zero_std:  # on what the advantages were computed from: the trained reward, methods' terms in
+            keep = (~_no_signal_rows(batch)).nonzero().squeeze(1)
             if refill:  # the first prompts_per_update informative groups (each rank: its share of them)
                 keep = keep[torch.isin(batch.index[keep], batch.index[keep].unique()[:self._kept_quota()])]
                 rec["groups/gen_batches"] = gen_rounds
@@ -348,15 +348,18 @@ class GRPO(PolicyUpdate, Trainer):
         return TokenBatch.cat(batches, self.policy.pad_id), rstats, rounds
 
     @staticmethod
-    def reward_metrics(batch: TokenBatch) -> dict[str, float]:
-        """Reward mean/std, accuracy, zero-variance groups, completion lengths and, when the rollouts
-        carry self-reports, their calibration (``calibration/*``) of a rollout batch."""
+    def reward_metrics(batch: TokenBatch, trained: bool = False) -> dict[str, float]:
+        """Reward mean/std, accuracy, groups without signal (their trained rewards all equal), completion lengths
+        and, when the rollouts carry self-reports, their calibration (``calibration/*``) of a rollout batch. With
+        ``trained`` (methods changed the rewards), also the mean and std of the reward trained on."""
         lens = batch.completion_lengths.float()
         _, inv = torch.unique(batch.index, return_inverse=True)
         n_groups = int(inv.max()) + 1
-        zero = _zero_std_rows(batch)
+        zero = _no_signal_rows(batch)
         zero_groups = torch.zeros(n_groups, dtype=torch.bool).index_fill_(0, inv[zero], True)
-        return {"reward/mean": float(batch.scores.mean()), "reward/std": float(batch.scores.std()),
+        shaped = trained_reward(batch)
+        both = {"reward/trained_mean": float(shaped.mean()), "reward/trained_std": float(shaped.std())} if trained else {}
+        return {"reward/mean": float(batch.scores.mean()), "reward/std": float(batch.scores.std()), **both,
                 "accuracy": float(batch.correct.float().mean()),
                 "groups/zero_std_frac": float(zero_groups.float().mean()),
                 "completion/mean_length": float(lens.mean()), "completion/max_length": float(lens.max()),
@@ -372,6 +375,7 @@ class GRPO(PolicyUpdate, Trainer):
             for i in firsts[:self.cfg.samples_per_log]:
                 fh.write(json.dumps({"update": self.update_idx, "problem_id": batch.problems[i].id,
                                      "transcript": batch.transcripts[i], "score": float(batch.scores[i]),
+                                     "reward": float(trained_reward(batch)[i]),
                                      "correct": bool(batch.correct[i])}) + "\n")
 
     def evaluate(self) -> dict[str, float]:
@@ -400,14 +404,15 @@ class GRPO(PolicyUpdate, Trainer):
         return f"{self.cfg.algo} {self.cfg.task}"
 
     def bar_labels(self) -> tuple[str, str]:
-        return "updates/s", "reward"
+        return "updates/s", "score (trained reward)"
 
     def add_rates(self, rec: dict[str, Any], clock: Clock, start: int) -> None:
         self._rate = (self.update_idx - start) / max(clock.wall, 1e-9)
         rec["charts/samples_per_s"] = self._rate * self.cfg.rows
 
-    def bar_values(self, rec: dict[str, Any]) -> tuple[float, float | None]:
-        return self._rate, rec["reward/mean"]
+    def bar_values(self, rec: dict[str, Any]) -> tuple[float, str]:
+        trained = rec.get("reward/trained_mean", rec["reward/mean"])
+        return self._rate, f"{rec['reward/mean']:.3f} ({trained:.3f})"
 
     def after_iteration(self, rec: dict[str, Any], last: bool) -> None:
         cfg = self.cfg
@@ -554,13 +559,26 @@ def calibration_metrics(batch: TokenBatch) -> dict[str, float]:
     return out
 
 
-def _zero_std_rows(batch: TokenBatch) -> torch.Tensor:
-    """``[R]`` true for rows whose group's scores are all equal (their group advantage is 0)."""
+def _zero_std_rows(batch: TokenBatch, values: torch.Tensor | None = None) -> torch.Tensor:
+    """``[R]`` true for rows whose group's ``values`` (default: the task scores) are all equal."""
+    values = batch.scores if values is None else values
     _, inv = torch.unique(batch.index, return_inverse=True)
     n = int(inv.max()) + 1
-    lo = torch.full((n,), float("inf")).scatter_reduce(0, inv, batch.scores, "amin")
-    hi = torch.full((n,), float("-inf")).scatter_reduce(0, inv, batch.scores, "amax")
+    lo = torch.full((n,), float("inf")).scatter_reduce(0, inv, values, "amin")
+    hi = torch.full((n,), float("-inf")).scatter_reduce(0, inv, values, "amax")
     return (hi - lo)[inv] <= 1e-12
+
+
+def trained_reward(batch: TokenBatch) -> torch.Tensor:
+    """``[R]`` each row's reward as trained on: its token rewards summed, after the methods changed them (rlcr's
+    Brier term, refgrpo's agreement bonus, ...); the task score when nothing changed them."""
+    return (batch.token_rewards * batch.completion_mask).sum(1).to(batch.scores.dtype)
+
+
+def _no_signal_rows(batch: TokenBatch) -> torch.Tensor:
+    """``[R]`` true for rows of groups whose trained rewards (:func:`trained_reward`) are all equal: the group
+    advantage, computed from them, is 0."""
+    return _zero_std_rows(batch, trained_reward(batch))
 
 
 __all__ = ["GRPO", "GRPOHook", "step_batch"]

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ReflectRLError
 from ..progress import TrainProgress
 from ..tasks.base import Problem, get_task, parse_options
 from .batch import RowResult, Segment, build_batch
@@ -43,8 +43,9 @@ class WarmupConfig:
     """Optimizer steps."""
     batch_size: int = 32
     """Demonstrations per step."""
-    learning_rate: float = 3e-3
-    """AdamW learning rate (tiny models take large ones)."""
+    learning_rate: Optional[float] = None
+    """AdamW learning rate; default from the model's size: 3e-3 for a tiny model (under 10M parameters), 1e-5 for a
+    pretrained one (a tiny model's rate wrecks it: a warning says so when one is given)."""
     weight_decay: float = 0.0
     max_problems: Optional[int] = None
     """Use only the first this many train problems as demonstrations (all by default)."""
@@ -89,8 +90,8 @@ class WarmupConfig:
     def validate(self) -> None:
         if not self.model or not self.out:
             raise ConfigError("warmup needs --model PATH and --out DIR")
-        if self.steps < 1 or self.batch_size < 1 or self.learning_rate <= 0:
-            raise ConfigError("steps and batch_size must be >= 1 and learning_rate > 0")
+        if self.steps < 1 or self.batch_size < 1 or (self.learning_rate is not None and self.learning_rate <= 0):
+            raise ConfigError("--steps and --batch-size must be >= 1 and --learning-rate > 0")
         if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
             raise ConfigError(f"stop_at_accuracy must be in (0, 1], got {self.stop_at_accuracy}")
         if self.eval_every < 1 or self.eval_problems < 1:
@@ -196,6 +197,29 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
     return rows
 
 
+TINY_WARMUP_LR, PRETRAINED_WARMUP_LR = 3e-3, 1e-5
+
+
+def warmup_learning_rate(model: str, given: float | None) -> float:
+    """The warm-up's learning rate: ``given``, or one from the model's size (:data:`TINY_WARMUP_LR` under 10M
+    parameters, :data:`PRETRAINED_WARMUP_LR` above). A given rate of 1e-3 or more on a pretrained model is warned
+    about (3 steps at 3e-3 turn SmolLM2-135M's answers into punctuation)."""
+    import warnings
+
+    from .models import profile_of
+
+    try:
+        pretrained = profile_of(model, lora=False).pretrained_scale
+    except (ConfigError, ReflectRLError):
+        pretrained = False  # the load below reports the model
+    if given is None:
+        return PRETRAINED_WARMUP_LR if pretrained else TINY_WARMUP_LR
+    if pretrained and given >= 1e-3:
+        warnings.warn(f"--learning-rate {given:g} is a tiny model's rate: on a pretrained model it destroys what the "
+                      f"model knows within a few steps; its default is {PRETRAINED_WARMUP_LR:g}", stacklevel=2)
+    return given
+
+
 def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     """Run the warm-up; writes the model to ``cfg.out`` with ``warmup.json``; returns that summary."""
     from .evaluate import evaluate_policy
@@ -205,6 +229,7 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     from .policy import absolute_model
 
     cfg = dataclasses.replace(cfg, model=absolute_model(cfg.model))  # warmup.json names the model from any folder
+    cfg = dataclasses.replace(cfg, learning_rate=warmup_learning_rate(cfg.model, cfg.learning_rate))
 
     claim_output_dir(cfg.out, "--out", cfg.force, stale=("warmup.json",))
     torch.set_num_threads(cfg.threads)
@@ -228,7 +253,7 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     step = 0
     check = lambda: evaluate_policy(policy, task, "train", max_new_tokens=max_new, limit=cfg.eval_problems)["accuracy"]
-    with TrainProgress(cfg.steps, cfg.progress, f"warmup {cfg.task}") as bar:
+    with TrainProgress(cfg.steps, cfg.progress, f"warmup {cfg.task}", value_label="loss") as bar:
         for step in range(1, cfg.steps + 1):
             while len(order) < cfg.batch_size:
                 order += torch.randperm(len(rows), generator=gen).tolist()
@@ -243,7 +268,7 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
             torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
             opt.step()
             losses.append(loss.item())
-            bar.update(step, step / max(time.perf_counter() - t0, 1e-9), None)
+            bar.update(step, step / max(time.perf_counter() - t0, 1e-9), losses[-1])
             if cfg.stop_at_accuracy is not None and step % cfg.eval_every == 0:
                 acc = check()
                 if acc >= cfg.stop_at_accuracy:

@@ -275,7 +275,8 @@ class GRPO(PolicyUpdate, Trainer):
         off = batch.extras.get("loss/offpolicy")
         fresh = batch if off is None or not bool(off.any()) else batch.select((off.sum(1) == 0).nonzero().squeeze(1),
                                                                            trim=False)
-        rec = {"update": self.update_idx, "global_step": self.global_step, **self.reward_metrics(fresh, bool(self.methods)), **gap}
+        rec = {"update": self.update_idx, "global_step": self.global_step,
+               **self.reward_metrics(fresh, bool(self.methods)), **gap}
         batch.extras["row_id"] = torch.arange(batch.rows)
         if cfg.report_entropy_coef > 0:
             asked = episode_info(batch).get("report_asked", torch.zeros(batch.rows))

@@ -54,6 +54,12 @@ def test_small_grid_trains_reports_and_skips_on_rerun(tmp_path: Path, capsys):
     assert "grpo" in report and "rlcr" in report
     assert main(argv) == 0
     assert "4 runs: 4 finished (skipped), 0 to resume, 0 to train" in capsys.readouterr().out
+    # the same folder, another model: every run conflicts; refused in one line, the report left as it was
+    other = init_tiny(tmp_path / "other", layers=1, width=32, heads=2, max_positions=256, seed=1)
+    before = (out / "report.md").read_text()
+    with pytest.raises(ConfigError, match="conflict with what .* holds .*nothing was trained or rewritten"):
+        main([a if a != str(model) else str(other) for a in argv])
+    assert (out / "report.md").read_text() == before
 
 
 def test_a_recipe_s_task_options_reach_every_run():

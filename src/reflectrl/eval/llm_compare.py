@@ -211,7 +211,12 @@ def main(argv: list[str]) -> int:
     specs = build_grid(methods, args.tasks, seeds, out, models, args.updates, extra, eval_args, args.retries,
                        args.task_option)
     specs = [s for s in specs if not any(f.startswith(f"model {s.env_id}/seed_{s.seed}:") for f in failures)]
-    plans = [plan(s)[0] for s in specs]
+    planned = [plan(s) for s in specs]
+    plans = [p for p, _ in planned]
+    conflicts = [why for p, why in planned if p == "conflict"]
+    if conflicts and not args.report_only:  # the folder belongs to another command: refused whole, nothing written
+        raise ConfigError(f"{len(conflicts)} of the {len(specs)} runs conflict with what {out} holds (e.g. "
+                          f"{conflicts[0]}); nothing was trained or rewritten: use another --out")
     counts = {k: plans.count(k) for k in ("skip", "resume", "train", "conflict")}
     print(f"{len(specs)} runs: {counts['skip']} finished (skipped), {counts['resume']} to resume, {counts['train']} to "
           "train" + (f", {counts['conflict']} in conflict" if counts["conflict"] else ""), flush=True)

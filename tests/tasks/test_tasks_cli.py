@@ -103,3 +103,13 @@ def test_validate_humaneval_all_164(capsys):
     assert main(["validate", "humaneval", "--split", "all", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] == report["total"] == 164
+
+
+def test_show_opens_with_the_options_and_token_budgets(capsys):
+    from reflectrl.tasks.cli import main as tasks_main
+
+    assert tasks_main(["show", "arith", "-n", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "task arith: single-turn"
+    assert out[1].startswith("options (--set KEY=VALUE): digits=2, ops='+-'")
+    assert out[2] == "tokens per turn (--max-new-tokens default): 10 with raw prompts, 24 with a chat model"

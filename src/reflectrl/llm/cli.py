@@ -175,7 +175,9 @@ def cmd_eval(argv: list[str]) -> int:
     ap.add_argument("--n", type=int, default=None, help="samples per problem for pass@k (default k)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature with --samples")
     ap.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
-    ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per completion (default: the run's or 64)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="tokens per completion (default: the run's, else the task's own budget, which a chat model "
+                         "gets larger: `reflectrl tasks show TASK` prints both)")
     ap.add_argument("--max-turns", type=int, default=None,
                     help="turns of a multi-turn task (default: the run's/task's)")
     ap.add_argument("--confidence", type=float, default=0.95, help="confidence level of the interval")

@@ -94,8 +94,30 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def task_info(name: str, task: Any) -> list[str]:
+    """The lines ``tasks show`` opens with: the options (``--set KEY=VALUE``) and their defaults, the token budgets
+    of a turn (raw prompts; chat models), the turns and the stop sequences."""
+    factory = load_tasks()[name]
+    try:
+        params = [p for p in inspect.signature(factory).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD
+                  or p.kind is p.KEYWORD_ONLY]
+    except (TypeError, ValueError):
+        params = []
+    opts = ", ".join(f"{p.name}={p.default!r}" if p.default is not p.empty else p.name for p in params
+                     if p.name != "workers")
+    raw, chat = getattr(task, "max_new_tokens", None), getattr(task, "chat_max_new_tokens", None)
+    turns = getattr(task, "max_turns", 1) if getattr(task, "multi_turn", False) else 1
+    return [f"task {name}: {'multi-turn, up to ' + str(turns) + ' agent turns' if turns > 1 else 'single-turn'}",
+            f"options (--set KEY=VALUE): {opts or 'none'}",
+            f"tokens per turn (--max-new-tokens default): {raw if raw is not None else 32} with raw prompts, "
+            f"{chat if chat is not None else (raw if raw is not None else 32)} with a chat model",
+            f"stop sequences: {list(getattr(task, 'stop_sequences', ()) or ())}"]
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
     task = _task(args.name, parse_options(args.set))
+    if not args.json:
+        print("\n".join(task_info(args.name, task)))
     for problem in task.problems(args.split)[: args.n]:
         if args.json:
             print(json.dumps({"id": problem.id, "prompt": problem.prompt, "demonstration": task.demonstration(problem),
@@ -130,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="the registered tasks and their split sizes")
     lst.add_argument("--json", action="store_true", help="print one JSON list")
     for name, helptext in (("validate", "run every reference solution through the verifier; exit 1 if any fails"),
-                           ("show", "print a few problems and their demonstrations")):
+                           ("show", "print the task's options, token budgets and a few problems with their "
+                                    "demonstrations")):
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("name", help="task name (see `reflectrl tasks list`)")
         cmd.add_argument("--split", choices=(*SPLITS, "all") if name == "validate" else SPLITS,

@@ -94,3 +94,14 @@ def test_the_filter_reads_the_trained_reward_not_the_task_score():
                             token_rewards=rewards, completion_mask=mask)
     assert trained_reward(batch).tolist() == pytest.approx([-0.81, -0.04, 1.0, 1.0])
     assert _no_signal_rows(batch).tolist() == [False, False, True, True]
+
+
+def test_eval_saves_transcripts_and_shows_progress(tiny_dir, tmp_path, capsys):
+    path = tmp_path / "ep" / "episodes.jsonl"
+    assert main(["llm", "eval", str(tiny_dir), "--task", "arith", "--limit", "3", "--transcripts", str(path)]) == 0
+    cap = capsys.readouterr()
+    assert "eval arith heldout" in cap.err and "problems/s" in cap.err
+    episodes = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(episodes) == 3 and episodes[0]["transcript"][0][0] == "prompt"
+    assert main(["llm", "eval", str(tiny_dir), "--task", "arith", "--limit", "1", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

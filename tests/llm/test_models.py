@@ -64,7 +64,13 @@ def test_a_model_that_cannot_be_saved_is_refused_when_loaded(tiny_dir, tmp_path)
     cfg["quantization_config"] = {"dequantize": False, "gguf_file": "x.gguf", "quant_method": "gguf"}
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="gguf-quantized model, which cannot be saved.*get-model"):
-        load_policy(bad)
+        load_policy(bad, savable=True)
+    from reflectrl.algos import config_for_algo
+    from reflectrl.llm.grpo import GRPO
+
+    with pytest.raises(ConfigError, match="cannot be saved"):  # a trainer refuses it before its first update
+        GRPO(config_for_algo("grpo", task="arith", model=str(bad), run_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
 
 
 def test_defaults_follow_the_model_and_lora(tiny_dir):

@@ -195,7 +195,15 @@ def cmd_eval(argv: list[str]) -> int:
                     help="episodes as conversations in the model's chat template (default: the run's, else auto: when "
                          "the tokenizer has one); off: raw prompts")
     ap.add_argument("--json", action="store_true", help="print one JSON object (accuracy, n, ci, ...)")
+    ap.add_argument("--transcripts", default=None, metavar="FILE",
+                    help="write every episode (problem id, correct, the environment's infos, the transcript) to FILE "
+                         "as JSON lines")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (on stderr, with the time left)")
     a = ap.parse_args(argv)
+    if a.transcripts is not None:
+        from ..runlog import ensure_writable_file
+
+        ensure_writable_file(a.transcripts, "--transcripts")
     if a.samples < 0 or not 0 < a.confidence < 1 or (a.limit is not None and a.limit < 1):
         raise ConfigError("--samples must be >= 0, --limit >= 1 and --confidence in (0, 1)")
     for flag, val in (("--max-new-tokens", a.max_new_tokens), ("--max-turns", a.max_turns)):
@@ -211,7 +219,16 @@ def cmd_eval(argv: list[str]) -> int:
     res = evaluate(a.model_or_run_dir, a.task, a.split, a.samples, n=a.n, temperature=a.temperature, limit=a.limit,
                    max_new_tokens=a.max_new_tokens, max_turns=a.max_turns, confidence=a.confidence, seed=a.seed,
                    self_report=a.self_report, task_options=None if a.set is None else tuple(a.set),
-                   device=a.device, chat=a.chat, model=a.model)
+                   device=a.device, chat=a.chat, model=a.model, transcripts=a.transcripts is not None,
+                   progress=not a.no_progress)
+    episodes = res.pop("episodes", None)
+    if a.transcripts is not None:
+        from pathlib import Path
+
+        Path(a.transcripts).parent.mkdir(parents=True, exist_ok=True)
+        with open(a.transcripts, "w") as fh:
+            for ep in episodes or []:
+                fh.write(json.dumps(ep) + "\n")
     for line in report_warnings(res):
         print(f"warning: {line}", file=sys.stderr)
     if a.json:

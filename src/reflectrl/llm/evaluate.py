@@ -8,6 +8,7 @@ bootstrap over problems.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
                     max_response_tokens: int | None = None, limit: int | None = None, gen_batch: int = 128,
                     seed: int = 0, confidence: float = 0.95, engine: str = "torch",
                     self_report: str | None = None, per_problem: bool = False,
-                    transcripts: bool = False) -> dict[str, Any]:
+                    transcripts: bool = False, progress: bool = False) -> dict[str, Any]:
     """Accuracy of ``policy`` on ``task``'s ``split``: greedy when ``samples == 0``; otherwise ``n``
     (default ``samples``) sampled completions per problem give pass@1 (as ``accuracy``) and pass@``samples``.
 
@@ -61,12 +62,15 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     confidence the final answer itself states (``<confidence>q</confidence>``: rlcr's inline form). ``per_problem``
     adds ``per_problem``: each problem's share of right completions, in the split's order (greedy: 0 or 1).
     ``transcripts`` adds ``episodes``: per rollout, in the split's order, its problem id, ``correct``, the
-    environment's per-step ``infos`` and the ``transcript`` (``(kind, text)`` turns)."""
+    environment's per-step ``infos`` and the ``transcript`` (``(kind, text)`` turns). ``progress``: a bar with the
+    time left on stderr."""
     if self_report == "both":
         out = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
-                              max_response_tokens, limit, gen_batch, seed, confidence, engine, "reflect", per_problem)
+                              max_response_tokens, limit, gen_batch, seed, confidence, engine, "reflect", per_problem,
+                              transcripts, progress)
         conf = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
-                               max_response_tokens, limit, gen_batch, seed, confidence, engine, "confidence")
+                               max_response_tokens, limit, gen_batch, seed, confidence, engine, "confidence",
+                               progress=progress)
         out["reports"]["confidence"] = conf["reports"]["confidence"]
         out.update({k: v for k, v in conf.items() if k not in out})
         out["self_report"] = "both"
@@ -105,7 +109,13 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     finals: list[dict[str, Any]] = []
     episodes: list[tuple[list[dict[str, Any]], bool]] = []
     kept: list[dict[str, Any]] = []
+    from ..progress import TrainProgress
+
+    bar = TrainProgress(len(problems), progress, f"eval {getattr(task, 'name', '')} {split}"
+                        + (f" ({self_report})" if self_report not in (None, "off") else ""), "problems/s", "accuracy")
+    t0 = time.perf_counter()
     try:
+        bar.__enter__()
         step = max(1, gen_batch // per) * 4
         for s in range(0, len(problems), step):
             chunk = problems[s:s + step]
@@ -117,7 +127,10 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
             if transcripts:
                 kept += [{"problem": p.id, "correct": bool(c), "infos": rows, "transcript": tr} for p, rows, tr, c in
                          zip(batch.problems, batch.infos, batch.transcripts, batch.correct.tolist())]
+            done = s + len(chunk)
+            bar.update(done, done / max(time.perf_counter() - t0, 1e-9), float(correct[:done].mean()))
     finally:
+        bar.__exit__(None, None, None)
         ro.close()
         policy.train(was_training)
     out: dict[str, Any] = {"task": getattr(task, "name", None), "split": split, "n": len(problems),

@@ -122,7 +122,7 @@ class GRPO(PolicyUpdate, Trainer):
         self.problems_by_id = {p.id: p for p in self.train_problems}
         self.policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                   lora_dropout=cfg.lora_dropout, ref=cfg.kl_coef > 0 or "ref_logp" in self.needs,
-                                  dtype=cfg.dtype, device=device, chat=cfg.chat)
+                                  dtype=cfg.dtype, device=device, chat=cfg.chat, savable=True)
         if self.critic:
             self.policy.add_head(VALUE_HEAD)
         if callable(methods):

@@ -319,13 +319,15 @@ def absolute_model(path: str) -> str:
 
 def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dropout: float = 0.0,
                 lora_targets: tuple[str, ...] | None = None, ref: bool = False, dtype: str = "float32",
-                device: str = "cpu", trust_remote_code: bool = False, chat: str = "auto") -> Policy:
+                device: str = "cpu", trust_remote_code: bool = False, chat: str = "auto",
+                savable: bool = False) -> Policy:
     """Load a causal LM + tokenizer from a local directory (or a hub id where a hub is reachable), a named model
     or a GGUF file (:func:`reflectrl.llm.models.resolve_model`: converted once into the cache).
 
     ``chat``: ``auto`` frames episodes as conversations when the tokenizer has a chat template
-    (:mod:`reflectrl.llm.chat`), ``off`` keeps raw prompts, ``on`` requires a template. A model that could not
-    be saved (still quantized) is refused here, before any work.
+    (:mod:`reflectrl.llm.chat`), ``off`` keeps raw prompts, ``on`` requires a template. With ``savable`` (a trainer
+    or warm-up, which will write the model) a model that could not be saved (still quantized) is refused here,
+    before any work.
 
     ``lora_r > 0`` wraps the model in a PEFT LoRA adapter (only the adapter trains); ``ref=True`` keeps
     a frozen reference (the adapter-free base under LoRA, otherwise a copy of the initial weights).
@@ -347,7 +349,8 @@ def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dr
     except (OSError, ValueError, EnvironmentError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ReflectRLError(f"cannot load a causal LM and tokenizer from {src}: {first}") from None
-    _check_savable(model, src)
+    if savable:
+        _check_savable(model, src)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     fmt = chat_format(tok, chat)

@@ -238,7 +238,7 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     problems = list(task.problems("train"))[:cfg.max_problems]
     if not problems:
         raise ConfigError(f"task {cfg.task!r} has no train problems to demonstrate")
-    policy = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device, chat=cfg.chat)
+    policy = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device, chat=cfg.chat, savable=True)
     rows = demonstration_rows(policy, task, problems, cfg.self_report, cfg.self_report_negatives,
                               cfg.multi_turn_share, torch.Generator().manual_seed(cfg.seed + 1), cfg.teacher_share,
                               cfg.step_confidence, cfg.detour_share)

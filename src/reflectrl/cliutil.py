@@ -54,6 +54,29 @@ def check_device(device: str, flag: str = "--device") -> str:
     return device
 
 
+def foreign_flags(rest: Sequence[str], kind: str, algo: str) -> None:
+    """ConfigError in one line for a flag that ``--algo algo`` does not take but another algo of front end ``kind``
+    does (a method's option given to the wrong method), naming the algos that take it."""
+    import dataclasses
+
+    from .algos import algo_table
+
+    table = algo_table(kind)
+    fields = lambda a: {f.name for f in dataclasses.fields(table[a].config_cls)}  # noqa: E731
+    own = fields(algo)
+    for tok in rest:
+        if not tok.startswith("--") or tok == "--":
+            continue
+        name = tok[2:].split("=", 1)[0].replace("-", "_")
+        candidates = {name, name[3:] if name.startswith("no_") else name}
+        if candidates & own:
+            continue
+        takers = sorted(a for a in table if candidates & fields(a))
+        if takers:
+            flag = tok.split("=", 1)[0]
+            raise ConfigError(f"{flag} is a flag of --algo {', '.join(takers)}, not of --algo {algo}")
+
+
 def merge_task_options(*given: tuple[str, Sequence[str]]) -> tuple[str, ...]:
     """One list of task options from the flags that give them (``--set``, ``--task-options``, ``--task-option``:
     aliases), in order, each KEY once; ConfigError naming both flags when one KEY gets two values."""

@@ -105,3 +105,21 @@ def test_eval_saves_transcripts_and_shows_progress(tiny_dir, tmp_path, capsys):
     assert len(episodes) == 3 and episodes[0]["transcript"][0][0] == "prompt"
     assert main(["llm", "eval", str(tiny_dir), "--task", "arith", "--limit", "1", "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_method_flag_on_another_algo_names_its_algo(tiny_dir, tmp_path, capsys):
+    assert main([*TRAIN, "--algo", "grpo", "--model", str(tiny_dir), "--run-dir", str(tmp_path / "r"),
+                 "--rlcr-credit", "split"]) == 2
+    assert one_error_line(capsys) == "error: --rlcr-credit is a flag of --algo rlcr, not of --algo grpo"
+
+
+def test_a_warmup_folder_evaluates_on_its_own_task_and_summaries_count_setup(tiny_dir, tmp_path, capsys):
+    warm = tmp_path / "w"
+    assert main(["llm", "warmup", "--model", str(tiny_dir), "--task", "arith", "--set", "digits=1", "--out", str(warm),
+                 "--steps", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["llm", "eval", str(warm), "--limit", "2", "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["task"] == "arith"
+    assert main([*TRAIN, "--model", str(tiny_dir), "--run-dir", str(tmp_path / "r")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["setup_s"] > 0

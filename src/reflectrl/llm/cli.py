@@ -107,7 +107,7 @@ def cmd_train(argv: list[str]) -> int:
     import tyro
 
     from ..algos import algo_names, get_algo
-    from ..cliutil import merge_task_options, print_json, resume_from_cli
+    from ..cliutil import foreign_flags, merge_task_options, print_json, resume_from_cli
     from ..runlog import ensure_writable_dir, guard_folder
     from ..tasks.base import parse_options
 
@@ -120,6 +120,7 @@ def cmd_train(argv: list[str]) -> int:
         trainer = resume_from_cli(front.resume, rest, "llm", front.algo)
     else:
         algo = get_algo("llm", front.algo or "grpo")
+        foreign_flags(rest, "llm", algo.name)  # another method's option: say whose it is
         parse_options(front.set)  # one clear error for a malformed KEY=VALUE
         # the defaults that follow the model and LoRA (learning rate, group size, temperature): explicit flags win
         default = algo.config(task_options=tuple(front.set), **_model_flags(rest))

@@ -257,6 +257,17 @@ def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None
     return load_policy(str(path) if not p.exists() else str(p), device=device, chat=chat or "auto"), {}
 
 
+def warmup_task(folder: Path) -> dict[str, Any]:
+    """``{"task", "task_options"}`` of a warm-up folder's ``warmup.json``; empty for any other folder."""
+    import json
+
+    try:
+        cfg = json.loads((folder / "warmup.json").read_text())["config"]
+        return {"task": cfg["task"], "task_options": list(cfg.get("task_options", []))}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "heldout", samples: int = 0,
              task_options: tuple[str, ...] | None = None, **kwargs: Any) -> dict[str, Any]:
     """Load and evaluate; the task, its options and the token limits default to the run's when given a run
@@ -265,6 +276,8 @@ def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "he
 
     policy, run_cfg = load_for_eval(model_or_run, kwargs.pop("device", "cpu"), kwargs.pop("chat", None),
                                     kwargs.pop("model", None))
+    if not run_cfg:  # a warm-up folder records the task it was trained on
+        run_cfg = warmup_task(Path(model_or_run))
     task_name = task or run_cfg.get("task")
     if not task_name:
         raise ConfigError("--task is required when evaluating a model directory")

@@ -90,6 +90,7 @@ class GRPO(PolicyUpdate, Trainer):
                  methods: list[MethodRunner] | Callable[["GRPO"], list[MethodRunner]] | None = None):
         """``methods``: the runners, or a function of the trainer that builds them once the policy is loaded
         (their heads read its hidden size)."""
+        t_setup = time.perf_counter()
         config.validate()
         self.algo_name = config.algo
         self.task = with_self_report(get_task(config.task, **config.task_kwargs()), config.self_report)
@@ -149,6 +150,7 @@ class GRPO(PolicyUpdate, Trainer):
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.task, cfg.algo, cfg.seed)
         if self.dist.active:
             self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))  # rank 0's (a default one has a time)
+        self._setup_s = time.perf_counter() - t_setup  # loading the model and task, before wall_s starts
 
     def _check_distributed(self) -> None:
         """Under torchrun: refuse what would differ between the processes; give every process rank 0's weights."""
@@ -441,7 +443,7 @@ class GRPO(PolicyUpdate, Trainer):
     def summary(self, clock: Clock, start: int) -> dict[str, Any]:
         rec = getattr(self, "_last_rec", {})
         return {"run_dir": str(self.run_dir), "updates": self.update_idx, "global_step": self.global_step,
-                "wall_s": clock.wall, "cpu_s": clock.cpu,
+                "wall_s": clock.wall, "cpu_s": clock.cpu, "setup_s": self._setup_s,
                 "samples_per_s": (self.update_idx - start) * self.cfg.rows / max(clock.wall, 1e-9),
                 "accuracy": rec.get("accuracy"), "eval_accuracy": rec.get("eval/accuracy")}
 

@@ -32,8 +32,12 @@ def quiet_transformers() -> None:
     """Silence transformers' progress bars and info logs (a CLI prints its own progress)."""
     import transformers
 
+    import warnings
+
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    # peft asks transformers a deprecated question on every LoRA model: the library's warning, not the user's
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 
 @dataclass

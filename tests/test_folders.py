@@ -87,3 +87,13 @@ def test_a_run_folder_as_model_means_its_exported_model(tiny, tmp_path, capsys):
     assert main(["llm", "warmup", "--model", str(run), "--task", "arith", "--out", str(out), "--steps", "1",
                  "--no-progress"]) == 0
     assert json.loads((out / "warmup.json").read_text())["config"]["model"] == str(run)
+
+
+def test_task_options_that_name_files_are_recorded_absolute(tmp_path, monkeypatch):
+    from reflectrl.tasks.base import absolute_option_paths
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "kb.jsonl").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert absolute_option_paths(["corpus=data/kb.jsonl", "ops=+", "k=2", "questions=missing.jsonl"]) == (
+        f"corpus={tmp_path / 'data' / 'kb.jsonl'}", "ops=+", "k=2", "questions=missing.jsonl")

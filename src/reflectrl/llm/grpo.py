@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..methods.base import MethodRunner, StepBatch, apply_shaping
 from ..methods.refgrpo import last_turn_tokens
 from ..methods.rewards import as_nan
-from ..tasks.base import Problem, get_task
+from ..tasks.base import Problem, absolute_option_paths, get_task
 from ..tasks.selfreport import turn_confidences, with_self_report
 from ..trainer import Clock, Trainer, default_run_dir
 from .batch import ENGINE_LOGP, TokenBatch
@@ -98,7 +98,8 @@ class GRPO(PolicyUpdate, Trainer):
             self.task.sandbox_batch = config.sandbox_batch
         # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load);
         # a local model path is recorded absolute, so the run resumes and evaluates from any folder
-        config = dataclasses.replace(config, model=absolute_model(config.model))
+        config = dataclasses.replace(config, model=absolute_model(config.model),
+                                     task_options=absolute_option_paths(config.task_options))
         self.cfg = cfg = config.resolved(self.task, chat=uses_chat(config.model, config.chat))
         check_engine(cfg.engine)
         self.dist, device = from_env(cfg.device)  # torchrun: this process's rank and device (one process: as given)

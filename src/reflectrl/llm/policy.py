@@ -30,9 +30,9 @@ HEADS_FILE = "reflectrl_heads.safetensors"
 
 def quiet_transformers() -> None:
     """Silence transformers' progress bars and info logs (a CLI prints its own progress)."""
-    import transformers
-
     import warnings
+
+    import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

@@ -266,6 +266,21 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def absolute_option_paths(items: Sequence[str]) -> tuple[str, ...]:
+    """``KEY=VALUE`` task options with each VALUE that names an existing file or folder by a relative path made
+    absolute (``corpus=data/kb.jsonl``), so that a run records options that hold from any folder."""
+    from pathlib import Path
+
+    out = []
+    for item in items:
+        key, sep, raw = str(item).partition("=")
+        p = Path(raw).expanduser()
+        if sep and raw and not p.is_absolute() and ("/" in raw or "." in raw) and p.exists():
+            item = f"{key}={p.resolve()}"
+        out.append(item)
+    return tuple(out)
+
+
 def get_task(name: str, **kwargs: Any) -> Task:
     """Instantiate a registered task with options ``kwargs``, or raise ConfigError: an unknown task
     (listing the registered ones), one whose module failed to import (saying why), or an option the

@@ -178,6 +178,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--engines", action="store_true", help="also time reflectrl's two generation engines")
     ap.add_argument("--out", default=None, help="write the result JSON here too")
+    ap.add_argument("--json-out", default=None, help="and to this file (e.g. benchmarks/results/NAME.json)")
     a = ap.parse_args()
     if a.worker:
         fn = {"reflectrl": worker_reflectrl, "trl": worker_trl, "engines": worker_engines}[a.worker]
@@ -223,6 +224,8 @@ def main() -> None:
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "result.json").write_text(json.dumps(result, indent=2))
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 
 

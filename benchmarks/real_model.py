@@ -129,10 +129,12 @@ def gain_interval(before: dict, after: dict) -> tuple[float, float]:
             100 * (f - b + ((a_hi - f) ** 2 + (b - b_lo) ** 2) ** 0.5))
 
 
-def render() -> None:
+def render(part: str = "all") -> None:
     rows = [json.loads((RESULTS / f"real_calibration_{t}.json").read_text()) for t in TASKS
             if (RESULTS / f"real_calibration_{t}.json").is_file()]
-    if rows:
+    if part in ("all", "calibration") and not rows:
+        print("(no real_calibration result yet)")
+    if part in ("all", "calibration") and rows:
         print("| task | held-out problems | accuracy, % [95% CI] | reflections parsed | confidences parsed | "
               "reflection accuracy | ECE | Brier | AUROC | mean confidence |")
         print("|---|---|---|---|---|---|---|---|---|---|")
@@ -145,7 +147,9 @@ def render() -> None:
         print("\nCommands: " + "; ".join(f"`{r['command']}`" for r in rows))
     runs = sorted((json.loads(p.read_text()) for p in RESULTS.glob("real_learn_*_s*.json")),
                   key=lambda r: (r["algo"], r["seed"]))
-    if runs:
+    if part in ("all", "learn") and not runs:
+        print("(no real_learn result yet)")
+    if part in ("all", "learn") and runs:
         print("\n| algo | seed | held-out | before, % [95% CI] | after, % [95% CI] | gain, points [95% CI] | updates | "
               "CPU s | generating | ECE before → after | AUROC before → after | reflection acc. before → after |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -164,7 +168,8 @@ def render() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--render", action="store_true", help="print the tables of BENCHMARKS.md from the results")
+    ap.add_argument("--render", nargs="?", const="all", choices=("all", "calibration", "learn"), default=None,
+                    help="print the tables of BENCHMARKS.md from the results (one part, or all)")
     sub = ap.add_subparsers(dest="cmd")
     c = sub.add_parser("calibration", help="the base model's accuracy and self-report calibration on one task")
     c.add_argument("--task", choices=TASKS, required=True)
@@ -176,7 +181,7 @@ def main() -> None:
     learn_p.add_argument("--out", default=None, help="run folder (default runs/real/ALGO_sSEED)")
     a = ap.parse_args()
     if a.render:
-        render()
+        render(a.render)
     elif a.cmd == "calibration":
         calibration(a)
     elif a.cmd == "learn":

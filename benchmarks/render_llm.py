@@ -122,10 +122,10 @@ def episode_table() -> str:
     return "\n".join(lines)
 
 
-def throughput_table() -> str:
-    path = RES / "llm_throughput.json"
+def throughput_table(name: str = "llm_throughput.json") -> str:
+    path = RES / name
     if not path.exists():
-        return "(no llm_throughput result)"
+        return f"(no {name} result yet)"
     r = json.loads(path.read_text())
     rounds = lambda k: ", ".join(f"{x:.0f}" for x in r["rounds"][k])  # noqa: E731
     return "\n".join([
@@ -136,7 +136,10 @@ def throughput_table() -> str:
             f"{r['wall_tokens_per_s']['reflectrl'] / r['wall_tokens_per_s']['trl']:.2f}x). Setting: {r['model']}, "
             f"task {r['task']}, {r['rows_per_step']} rows per step (groups of {r['group_size']}), "
             f"{r['minibatches']} optimizer steps per rollout, at most {r['max_new_tokens']} new tokens, "
-            f"{r['timed_steps']} timed steps per round, transformers {r['transformers_version']}."])
+            f"{r['timed_steps']} timed steps per round, transformers {r['transformers_version']}"
+            + (f", LoRA rank {r['lora_r']}" if r.get("lora_r") else "")
+            + (f", temperature {r['temperature']}" if "temperature" in r else "")
+            + (f", task options {' '.join(r['task_options'])}" if r.get("task_options") else "") + "."])
 
 
 def _reward_rows(r: dict, before: dict | None = None) -> list[str]:
@@ -186,13 +189,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--collect", nargs="*", type=Path, default=None, metavar="DIR")
     ap.add_argument("--variant", default=None, help="with --collect: a label for runs of an older recipe")
-    ap.add_argument("--part", choices=["learn", "episodes", "throughput", "reward"], default=None, help="print one table")
+    ap.add_argument("--part", choices=["learn", "episodes", "throughput", "throughput_real", "reward"], default=None,
+                    help="print one table")
     a = ap.parse_args()
     if a.collect is not None:
         collect(a.collect, a.variant)
         return
     if a.part:
         print({"learn": learn_tables, "episodes": episode_table, "throughput": throughput_table,
+               "throughput_real": lambda: throughput_table("llm_throughput_real.json"),
                "reward": reward_table}[a.part]())
         return
     print("### Learning on CPU\n")

@@ -42,19 +42,36 @@ def run(cmd: str, cwd: Path) -> str:
     return proc.stdout
 
 
+def render() -> None:
+    """The current example's row, then the earlier example's (``readme_llm_earlier.json``) where kept."""
+    print("| example | held-out problems | warmed-up model, % [95% CI] | after `llm train`, % [95% CI] | "
+          "gain, points [95% CI] | GRPO updates |")
+    print("|---|---|---|---|---|---|")
+    rows = [(label, path) for label, path in (("README.md now", RESULT),
+                                              ("earlier (200 updates)", RESULT.with_name("readme_llm_earlier.json")),
+                                              ("the defaults alone", RESULT.with_name("readme_llm_defaults.json")))
+            if path.is_file()]
+    for label, path in rows:
+        r = json.loads(path.read_text())
+        b, f = r["before"], r["after"]
+        (b_lo, b_hi), (a_lo, a_hi) = b["ci"], f["ci"]
+        d = f["accuracy"] - b["accuracy"]  # Newcombe's interval of a difference of two proportions
+        lo = d - ((f["accuracy"] - a_lo) ** 2 + (b_hi - b["accuracy"]) ** 2) ** 0.5
+        hi = d + ((a_hi - f["accuracy"]) ** 2 + (b["accuracy"] - b_lo) ** 2) ** 0.5
+        print(f"| {label} | {f['n']} | {100 * b['accuracy']:.1f} [{100 * b_lo:.1f}, {100 * b_hi:.1f}] | "
+              f"{100 * f['accuracy']:.1f} [{100 * a_lo:.1f}, {100 * a_hi:.1f}] | {100 * d:+.1f} [{100 * lo:+.1f}, "
+              f"{100 * hi:+.1f}] | {r['updates']} |")
+    for label, path in rows:
+        print(f"\nCommands ({label}): " + "; ".join(f"`{c}`" for c in json.loads(path.read_text())["commands"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/bench/readme_llm", help="the folder the commands run in (made fresh)")
     ap.add_argument("--render", action="store_true", help="print the table of BENCHMARKS.md")
     a = ap.parse_args()
     if a.render:
-        r = json.loads(RESULT.read_text())
-        b, f = r["before"], r["after"]
-        print("| held-out problems | warmed-up model, % [95% CI] | after `llm train`, % [95% CI] | learning rate |")
-        print("|---|---|---|---|")
-        print(f"| {f['n']} | {100 * b['accuracy']:.1f} [{100 * b['ci'][0]:.1f}, {100 * b['ci'][1]:.1f}] | "
-              f"{100 * f['accuracy']:.1f} [{100 * f['ci'][0]:.1f}, {100 * f['ci'][1]:.1f}] | {r['learning_rate']:g} |")
-        print("\nCommands (README.md, as written): " + "; ".join(f"`{c}`" for c in r["commands"]))
+        render()
         return
     cwd = Path(a.out).resolve()
     if cwd.exists() and any(cwd.iterdir()):

@@ -93,16 +93,16 @@ class WarmupConfig:
         if self.steps < 1 or self.batch_size < 1 or (self.learning_rate is not None and self.learning_rate <= 0):
             raise ConfigError("--steps and --batch-size must be >= 1 and --learning-rate > 0")
         if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
-            raise ConfigError(f"stop_at_accuracy must be in (0, 1], got {self.stop_at_accuracy}")
+            raise ConfigError(f"--stop-at-accuracy must be in (0, 1], got {self.stop_at_accuracy}")
         if self.eval_every < 1 or self.eval_problems < 1:
-            raise ConfigError("eval_every and eval_problems must be >= 1")
+            raise ConfigError("--eval-every and --eval-problems must be >= 1")
         if self.self_report not in SELF_REPORTS:
-            raise ConfigError(f"self_report must be one of {', '.join(SELF_REPORTS)}, got {self.self_report!r}")
+            raise ConfigError(f"--self-report must be one of {', '.join(SELF_REPORTS)}, got {self.self_report!r}")
         shares = (0 <= self.self_report_negatives < 1, 0 <= self.multi_turn_share <= 1, 0 <= self.teacher_share < 1,
                   0 <= self.detour_share <= 1)
         if not all(shares):
-            raise ConfigError("self_report_negatives and teacher_share must be in [0, 1), multi_turn_share and "
-                              "detour_share in [0, 1]")
+            raise ConfigError("--self-report-negatives and --teacher-share must be in [0, 1), --multi-turn-share and "
+                              "--detour-share in [0, 1]")
 
 
 SELF_REPORTS = ("off", "reflect", "confidence", "both", "inline", "all")

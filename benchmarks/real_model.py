@@ -60,7 +60,7 @@ def evaluation(model: str, task: str, options: tuple[str, ...], log: Path, limit
 
 
 def calibration(a: argparse.Namespace) -> None:
-    res = evaluation(MODEL, a.task, (), RESULTS.parent / "logs" / f"real_calibration_{a.task}.log", a.limit)
+    res = evaluation(MODEL, a.task, (), Path("runs/real/logs") / f"real_calibration_{a.task}.log", a.limit)
     out = RESULTS / f"real_calibration_{a.task}.json"
     out.write_text(json.dumps({"benchmark": "real_calibration", "model": MODEL, **res}, indent=2) + "\n")
     print(json.dumps(res))

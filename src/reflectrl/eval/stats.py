@@ -193,3 +193,124 @@ def mean_t_band(y, confidence: float = 0.95, axis: int = 0) -> tuple[np.ndarray,
         half = stats.t.ppf(0.5 + confidence / 2, np.maximum(n - 1, 1)) * sem
     half = np.where(n >= 2, half, np.nan)
     return mean, mean - half, mean + half
+
+
+# --------------------------------------------------------------------------------------------------
+# Verdicts at few seeds: exact tests, Holm over a table, non-inferiority with a stated margin (docs/compare.md,
+# "How verdicts are decided"). Intervals and IQMs above describe; these decide.
+ALPHA = 0.05
+EXACT_LIMIT = 100_000  # unpaired splits enumerated exactly up to this many; random draws beyond
+
+
+def sign_flip_p(d) -> float:
+    """Two-sided p-value of the exact sign-flip permutation test of paired differences ``d`` (H0: symmetric about
+    0): the share of all 2^n sign patterns whose |mean| is at least the observed one. n = 0 gives 1."""
+    d = np.asarray(d, float).ravel()
+    n = d.size
+    if n == 0:
+        return 1.0
+    if n > 20:
+        raise ValueError(f"sign_flip_p enumerates 2^n patterns; {n} differences are too many")
+    signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+    means = np.abs(signs @ d) / n
+    return float(np.mean(means >= abs(d.mean()) - 1e-12 * max(1.0, abs(d.mean()))))
+
+
+def permutation_p(x, y, draws: int = 10_000, seed: int = 0) -> float:
+    """Two-sided p-value of the permutation test of a difference in means between independent samples: exact
+    (every split of the pooled values) when there are at most :data:`EXACT_LIMIT` splits, else ``draws`` random
+    splits (the observed one counted, so p >= 1/(draws + 1))."""
+    from itertools import combinations
+    from math import comb
+
+    x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
+    m, n = x.size, y.size
+    if m == 0 or n == 0:
+        return 1.0
+    pooled = np.concatenate([x, y])
+    obs = abs(x.mean() - y.mean())
+    tol = 1e-12 * max(1.0, obs)
+    total = pooled.sum()
+    if comb(m + n, m) <= EXACT_LIMIT:
+        idx = np.array(list(combinations(range(m + n), m)))
+        sx = pooled[idx].sum(1)
+        diffs = np.abs(sx / m - (total - sx) / n)
+        return float(np.mean(diffs >= obs - tol))
+    rng = np.random.default_rng(seed)
+    perms = np.argsort(rng.random((draws, m + n)), axis=1)[:, :m]
+    sx = pooled[perms].sum(1)
+    hits = np.sum(np.abs(sx / m - (total - sx) / n) >= obs - tol)
+    return float((hits + 1) / (draws + 1))
+
+
+def t_interval(x, y=None, paired: bool = False, confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(mean difference, low, high)``: Student's t interval of the mean of ``x - y`` (paired, or ``y`` None) or
+    Welch's interval of ``mean(x) - mean(y)`` (independent). Not degenerate at small n: at n = 3 it is wide, never
+    [min, max]. NaN bounds below two values (or zero spread)."""
+    x = np.asarray(x, float).ravel()
+    if y is None or paired:
+        d = x if y is None else x - np.asarray(y, float).ravel()
+        n, mean = d.size, float(d.mean()) if d.size else float("nan")
+        if n < 2:
+            return mean, float("nan"), float("nan")
+        half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / np.sqrt(n))
+        return mean, mean - half, mean + half
+    y = np.asarray(y, float).ravel()
+    mean = float(x.mean() - y.mean())
+    if x.size < 2 or y.size < 2:
+        return mean, float("nan"), float("nan")
+    vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    se = np.sqrt(vx + vy)
+    if se == 0:
+        return mean, mean, mean
+    dof = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, dof) * se)
+    return mean, mean - half, mean + half
+
+
+def holm(pvalues) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error over one table's claims)."""
+    p = np.asarray(pvalues, float).ravel()
+    order = np.argsort(p, kind="stable")
+    adj = np.empty_like(p)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (p.size - rank) * p[i]))
+        adj[i] = running
+    return adj
+
+
+def compare_samples(x, y, paired: bool, higher_is_better: bool = True, margin: float | None = None) -> dict:
+    """One claim, "x against its baseline y": the mean difference (oriented so that positive is better), its 95%
+    t interval, the exact p-value (sign flips when paired, a permutation test when not), and with ``margin`` the
+    one-sided 95% lower bound for non-inferiority. :func:`decide` turns a table of these into verdicts."""
+    x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
+    if paired and x.size != y.size:
+        raise ValueError(f"a paired comparison needs as many runs on each side, got {x.size} and {y.size}")
+    sign = 1.0 if higher_is_better else -1.0
+    effect, lo, hi = t_interval(sign * x, sign * y, paired=paired)
+    p = sign_flip_p(sign * (x - y)) if paired else permutation_p(x, y)
+    out = {"effect": effect, "ci": (lo, hi), "p": p, "n": int(min(x.size, y.size)), "paired": paired}
+    if margin is not None:
+        out["margin"] = float(margin)
+        out["lower_95"] = t_interval(sign * x, sign * y, paired=paired, confidence=0.90)[1]  # one-sided 95%
+    return out
+
+
+def decide(claims: list[dict], alpha: float = ALPHA) -> list[dict]:
+    """The verdict of each claim of one table (each from :func:`compare_samples`), Holm over the table: "better" or
+    "worse" when the Holm-adjusted p-value is below ``alpha`` (the sign of the effect says which); otherwise "not
+    lower" where a margin was stated and the one-sided 95% lower bound of the difference lies above minus it;
+    otherwise "inconclusive (n seeds)". Returns the claims with ``p_holm`` and ``verdict`` added."""
+    adjusted = holm([c["p"] for c in claims]) if claims else []
+    out = []
+    for c, p_adj in zip(claims, adjusted):
+        c = dict(c, p_holm=float(p_adj))
+        if p_adj < alpha and c["effect"] != 0:
+            c["verdict"] = "better" if c["effect"] > 0 else "worse"
+        elif "margin" in c and np.isfinite(c["lower_95"]) and c["lower_95"] > -c["margin"]:
+            c["verdict"] = "not lower"
+        else:
+            c["verdict"] = f"inconclusive ({c['n']} seeds)"
+        out.append(c)
+    return out

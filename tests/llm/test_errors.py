@@ -18,11 +18,11 @@ def one_error(capsys, argv, pattern):
 
 @pytest.mark.parametrize("extra,pattern", [
     (["--task", "nope"], "unknown task 'nope'"),
-    (["--group-size", "1"], "group_size must be >= 2"),
-    (["--clip-low", "1.5"], r"clip_low must be in \(0, 1\)"),
-    (["--temperature", "0"], "temperature must be > 0"),
-    (["--loss-agg-mode", "mean"], "unknown loss_agg_mode"),
-    (["--adv-estimator", "nope"], "unknown adv_estimator"),
+    (["--group-size", "1"], "--group-size must be >= 2"),
+    (["--clip-low", "1.5"], r"--clip-low must be in \(0, 1\)"),
+    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--loss-agg-mode", "mean"], "unknown --loss-agg-mode"),
+    (["--adv-estimator", "nope"], "unknown --adv-estimator"),
     (["--minibatches", "4", "--grad-accum", "4"], "exceeds the rows"),
 ])
 def test_train_bad_hyperparameters(capsys, tiny_dir, extra, pattern):

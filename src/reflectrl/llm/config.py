@@ -255,14 +255,14 @@ class GRPOConfig(RunOptions):
         self.engine_kwargs()
         registered = list_registered()
         if self.adv_estimator not in registered["adv_estimators"]:
-            raise ConfigError(f"unknown adv_estimator {self.adv_estimator!r}; registered: "
+            raise ConfigError(f"unknown --adv-estimator {self.adv_estimator!r}; registered: "
                               f"{', '.join(registered['adv_estimators'])}")
         unknown = adv_est_requires(self.adv_estimator) - PROVIDED
         if unknown:
-            raise ConfigError(f"adv_estimator {self.adv_estimator!r} needs {', '.join(sorted(unknown))}, which the "
+            raise ConfigError(f"--adv-estimator {self.adv_estimator!r} needs {', '.join(sorted(unknown))}, which the "
                               f"LLM trainer does not provide (it provides {', '.join(sorted(PROVIDED))})")
         if self.policy_loss not in registered["policy_losses"]:
-            raise ConfigError(f"unknown policy_loss {self.policy_loss!r}; registered: "
+            raise ConfigError(f"unknown --policy-loss {self.policy_loss!r}; registered: "
                               f"{', '.join(registered['policy_losses'])}")
 
 

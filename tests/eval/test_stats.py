@@ -43,7 +43,12 @@ def test_interval_estimates(engine):
     x = np.array([1.0, 2, 3, 4, 5])
     point, low, high = S.iqm_ci(x, n_resamples=500, engine=engine)
     assert point == 3.0 and low <= point <= high and 1.0 <= low and high <= 5.0
-    assert S.probability_of_improvement_ci(x + 10, x, n_resamples=500, engine=engine) == (1.0, 1.0, 1.0)
+    # complete separation: every bootstrap resample gives 1, so the percentile interval is [1, 1]. It describes the
+    # sample, it decides nothing: the verdict rule's exact test says how much 3 or 5 runs a side can show
+    p, low, high = S.probability_of_improvement_ci(x + 10, x, n_resamples=500, engine=engine)
+    assert (p, low, high) == (1.0, 1.0, 1.0)
+    assert S.decide([S.compare_samples(x[:3] + 10, x[:3], paired=False)])[0]["verdict"] == "inconclusive (3 seeds)"
+    assert S.decide([S.compare_samples(x + 10, x, paired=False)])[0]["verdict"] == "better"  # p = 2/252
     p, low, high = S.probability_of_improvement_ci(x, x, n_resamples=500, engine=engine)
     assert p == 0.5 and low < 0.5 < high
     p, low, high = S.mean_probability_of_improvement_ci([x + 10, x], [x, x], n_resamples=500, engine=engine)

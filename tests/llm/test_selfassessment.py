@@ -148,6 +148,29 @@ def test_self_report_turn_is_trained_and_the_outcome_never_reaches_the_context(t
         assert final["self_report"] == "reflect" and "outcome" in final
 
 
+class ScriptedAnswers:
+    """A generation engine for toy-add with a reflection turn: row i answers right when i is even, wrong otherwise,
+    and reflects "solved" for i // 2 even, "unsolved" otherwise (so every group of 4 holds every pair)."""
+
+    def __init__(self, policy):
+        self.tok, self.eos = policy.tokenizer, policy.eos_ids[0]
+
+    def generate(self, prompts, max_new_tokens, generator, greedy=False, stop_ids=()):
+        out = []
+        for i, ids in enumerate(prompts):
+            text = self.tok.decode(ids, skip_special_tokens=True)
+            if "unsolved?" in text:
+                word = "solved" if (i // 2) % 2 == 0 else "unsolved"
+            else:
+                a, b = text.strip().rstrip("=").split("+")
+                word = str(int(a) + int(b) + (0 if i % 2 == 0 else 1))
+            out.append(self.tok(word, add_special_tokens=False)["input_ids"] + [self.eos])
+        return out
+
+    def sync(self, policy):
+        pass
+
+
 def test_split_credit_in_a_refgrpo_run(tiny_dir, tmp_path):
     """A refgrpo run with --refgrpo-credit split: the reflection turn's tokens carry the bonus's group advantage
     and the answer's tokens the outcome's (computed here from the batch's own outcomes and reflections)."""
@@ -158,6 +181,7 @@ def test_split_credit_in_a_refgrpo_run(tiny_dir, tmp_path):
                    group_size=4, max_new_tokens=9, progress=False, tensorboard=False, reward_workers=0,
                    refgrpo_credit="split")
     t = a.make(cfg)
+    t.engine = t.rollout.engine = ScriptedAnswers(t.policy)  # right and wrong answers, both reflections, per group
     t.learn()
     b = t.last_batch
     groups = torch.arange(b.rows) // 4
@@ -165,6 +189,9 @@ def test_split_credit_in_a_refgrpo_run(tiny_dir, tmp_path):
     refl = as_nan([i[-1].get("reflection") for i in b.infos])
     want_report = group_advantages(reflection_bonus(outcome, refl, 0.1), groups)
     want_answer = group_advantages(outcome, groups)
+    # not vacuous: both outcomes and both reflections occur, and both advantages move
+    assert set(outcome.tolist()) == {0.0, 1.0} and set(refl.tolist()) == {0.0, 1.0}
+    assert want_report.abs().sum() > 0 and want_answer.abs().sum() > 0
     for r in range(b.rows):
         m = b.completion_mask[r]
         turn = b.turn_ids[r][m]

@@ -13,7 +13,7 @@ COMMANDS = [
     [], ["train"], ["train", "--algo", "dqn"], ["eval"], ["presets"], ["demo"],
     ["compare"], ["plot"],
     ["sandbox", "run"], ["sandbox", "capabilities"],
-    ["tasks"], ["tasks", "list"], ["tasks", "show"], ["tasks", "validate"],
+    ["tasks"], ["tasks", "list"], ["tasks", "show"], ["tasks", "validate"], ["calibration"],
     ["llm"], ["llm", "init-tiny"], ["llm", "get-model"], ["llm", "warmup"], ["llm", "train"], ["llm", "eval"], ["llm", "compare"],
 ]
 

@@ -169,6 +169,7 @@ COMMANDS = {
     "train": cmd_train, "eval": cmd_eval, "presets": cmd_presets, "sandbox": cmd_sandbox, "demo": cmd_demo,
     "compare": _delegate("reflectrl.eval.compare", "main"), "plot": _delegate("reflectrl.eval.compare", "plot_main"),
     "llm": _delegate("reflectrl.llm.cli"), "tasks": _delegate("reflectrl.tasks.cli"),
+    "calibration": _delegate("reflectrl.eval.calibration_cli"),
 }
 
 USAGE = """usage: reflectrl COMMAND [ARGS]
@@ -182,6 +183,7 @@ commands:
   plot      redraw curves from run directories
   llm       LLM agents: init-tiny, warmup, train (GRPO family), eval
   tasks     verifiable tasks: validate reference solutions
+  calibration  calibration of self-reports from any trainer's rows (JSON lines): metrics, reliability diagram
   demo      ppo, refgrpo-seed, gear-seed on LunarLander-v3, then grpo against rlcr on a tiny language model
 """
 

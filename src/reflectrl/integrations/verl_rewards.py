@@ -91,7 +91,7 @@ def verl_row(task_name: str, problem: Problem, task_options: dict[str, Any] | No
 def verl_rows(task_name: str, split: str = "train", task_options: dict[str, Any] | None = None,
               limit: int | None = None, self_report: str = "off") -> list[dict[str, Any]]:
     """Rows (:func:`verl_row`) for the problems of ``split`` of a task, the first ``limit`` of them if given."""
-    task = _task(task_name, task_options or {})
+    task = task_instance(task_name, task_options or {})
     problems = task.problems(split)
     if limit is not None:
         problems = problems[: max(0, int(limit))]
@@ -204,7 +204,7 @@ def _parts(data_source: Any, solution_str: Any, ground_truth: Any, extra_info: d
     options = _json_field(_setting("task_options", kwargs, extra_info, None), "task_options") or {}
     if not isinstance(options, dict):
         raise ConfigError(f"task_options must be a dict (or its JSON), got {options!r}")
-    task = _task(name, options)
+    task = task_instance(name, options)
     problem = problem_from_verl(name, ground_truth, extra_info)
     text = solution_str if isinstance(solution_str, str) else ""
     outcome = float(task.score(problem, text))
@@ -219,7 +219,7 @@ def _result(score: float, parts: dict[str, float], bonus: float) -> dict[str, fl
             "reflection": parts["reflection"], "confidence": parts["confidence"], "bonus": float(bonus)}
 
 
-def _task(name: str, options: dict[str, Any]) -> Task:
+def task_instance(name: str, options: dict[str, Any]) -> Task:
     """One task instance per (name, options), shared by every call (verl scores responses on threads)."""
     key = (name, json.dumps(options, sort_keys=True))
     with _LOCK:

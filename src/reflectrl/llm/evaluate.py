@@ -70,8 +70,10 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
                               transcripts, progress)
         conf = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
                                max_response_tokens, limit, gen_batch, seed, confidence, engine, "confidence",
-                               progress=progress)
+                               transcripts=transcripts, progress=progress)
         out["reports"]["confidence"] = conf["reports"]["confidence"]
+        if transcripts:  # the episodes of both passes: each one's last info names the report it was asked for
+            out["episodes"] = out["episodes"] + conf.pop("episodes")
         out.update({k: v for k, v in conf.items() if k not in out})
         out["self_report"] = "both"
         return out

@@ -1,0 +1,297 @@
+"""reflectrl's self-assessment inside TRL's ``GRPOTrainer``, with no change to TRL: reward functions, a task's
+problems as a dataset, and a callback that logs the calibration of the self-reports the rewards read.
+
+.. code-block:: python
+
+    from trl import GRPOConfig, GRPOTrainer
+    from reflectrl.integrations.trl import CalibrationCallback, RewardLog, rlcr_reward, task_dataset
+
+    log = RewardLog()
+    trainer = GRPOTrainer(model=MODEL, reward_funcs=[rlcr_reward("arith", log=log)],
+                          train_dataset=task_dataset("arith", self_report="confidence"),
+                          args=GRPOConfig(...), callbacks=[CalibrationCallback(log)])
+
+Each reward function has TRL's signature (``prompts, completions, **columns -> list[float]``) and reads the dataset's
+``problem_id`` column to find the problem. The answer is scored by the task's own verifier (code tasks in
+reflectrl's sandbox, never in the trainer's process); a self-report is the answer's own ``<reflect>`` or
+``<confidence>`` tag (the dataset's prompts ask for one). The formulas are :mod:`reflectrl.methods.rewards`, the same
+as reflectrl's own trainer and its verl rewards use:
+
+- :func:`outcome_reward`: the task's score (what GRPO trains on);
+- :func:`rlcr_reward`: ``acc - (q - acc)^2`` with a stated confidence q, ``format_penalty`` (-2) without one (RLCR,
+  Damani et al. 2025, arXiv 2507.16806);
+- :func:`brier_reward`: the Brier term alone, ``-(q - acc)^2`` (0 without a confidence), beside an outcome reward;
+- :func:`reflection_reward`: refgrpo's agreement bonus ``c * 1[reflection == outcome]`` (c = 0.1), inline;
+- :func:`format_reward`: 1 when the requested self-report parses, else 0.
+
+A :class:`RewardLog` given to one of them records every completion's outcome and self-reports; the
+:class:`CalibrationCallback` turns the records of each logging window into ``calibration/*`` metrics
+(:func:`reflectrl.eval.calibration.self_report_metrics`) and a collapse alarm.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..methods.rewards import RLCR_FORMAT_PENALTY, brier_term
+from ..methods.rewards import reflection_bonus as _reflection_bonus
+from ..methods.rewards import rlcr_reward as _rlcr_reward
+from ..tasks.base import Problem, chat_prompt, parse_confidence, parse_reflection
+from .verl_rewards import task_instance as _task
+
+SELF_REPORTS = ("off", "reflect", "confidence")
+ASK = {"off": "",
+       "reflect": "After the answer, write <reflect>solved</reflect> if you are sure it is right, else "
+                  "<reflect>unsolved</reflect>.",
+       "confidence": "After the answer, on the same line, write <confidence>P</confidence>, where P is the "
+                     "probability from 0 to 1 that your answer is right."}
+"""What a dataset's prompt adds to ask for a self-report inside the answer (the answer's own tag is the report)."""
+
+
+# ------------------------------------------------------------------------------------------------ data
+def task_dataset(task: str, split: str = "train", self_report: str = "off", task_options: dict[str, Any] | None = None,
+                 limit: int | None = None, chat: bool = True) -> Any:
+    """A task's problems as a ``datasets.Dataset`` for TRL: ``prompt`` (with ``chat`` a one-message conversation
+    holding the task's chat prompt, which TRL renders with the model's chat template; else the raw prompt text),
+    ``problem_id`` (what the reward functions read) and ``task``. ``self_report`` asks for a reflection or a
+    confidence at the end of the answer (:data:`ASK`, with ``chat``; a raw-prompt model learns where the tag goes
+    in its warm-up, ``reflectrl llm warmup --self-report inline``)."""
+    from datasets import Dataset
+
+    if self_report not in SELF_REPORTS:
+        raise ConfigError(f"self_report must be one of {', '.join(SELF_REPORTS)}, got {self_report!r}")
+    t = _task(task, task_options or {})
+    problems = t.problems(split)[:limit] if limit is not None else t.problems(split)
+    ask = ASK[self_report]
+    rows = []
+    for p in problems:
+        if chat:
+            text = chat_prompt(t, p) + (f"\n\n{ask}" if ask else "")
+            prompt: Any = [{"role": "user", "content": text}]
+        else:  # a raw-prompt model learns the tag's place in its warm-up (reflectrl llm warmup --self-report inline)
+            prompt = p.prompt
+        rows.append({"prompt": prompt, "problem_id": p.id, "task": task})
+    return Dataset.from_list(rows)
+
+
+# ------------------------------------------------------------------------------------------------ records
+class RewardLog:
+    """The outcome and self-reports of every completion a reward function scored (thread-safe); the
+    :class:`CalibrationCallback` reads and clears it at each logging step."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.records: list[dict[str, Any]] = []
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self.records.extend(rows)
+
+    def take(self) -> list[dict[str, Any]]:
+        with self._lock:
+            out, self.records = self.records, []
+        return out
+
+
+class _TaskReward:
+    """A TRL reward function over one reflectrl task (see the module docstring); subclasses give ``value``."""
+
+    name = "reflectrl_reward"
+
+    def __init__(self, task: str, task_options: dict[str, Any] | None = None, log: RewardLog | None = None):
+        self.task = _task(task, task_options or {})
+        self.log = log
+        self._problems: dict[str, Problem] = {p.id: p for s in ("train", "heldout") for p in self.task.problems(s)}
+        self.__name__ = self.name  # TRL names each reward's metrics after it
+
+    def _problem(self, pid: Any) -> Problem:
+        try:
+            return self._problems[str(pid)]
+        except KeyError:
+            raise ConfigError(f"problem id {pid!r} is not a problem of task {self.task.name!r}: build the dataset "
+                              "with reflectrl.integrations.trl.task_dataset") from None
+
+    def parts(self, completions: Sequence[Any], problem_id: Sequence[Any]) -> list[dict[str, float]]:
+        """Per completion: ``outcome`` (the task's score), ``acc`` (1 for a full score), ``reflection`` and
+        ``confidence`` (NaN where not stated); recorded in the log when there is one."""
+        texts = [completion_text(c) for c in completions]
+        problems = [self._problem(pid) for pid in problem_id]
+        many = getattr(self.task, "score_many", None)  # the code tasks run their tests in sandbox batches
+        scores = many(problems, texts) if callable(many) else [self.task.score(p, t) for p, t in zip(problems, texts)]
+        rows = []
+        for p, t, s in zip(problems, texts, scores):
+            r, q = parse_reflection(t), parse_confidence(t)
+            rows.append({"problem_id": p.id, "completion": t, "outcome": float(s), "acc": 1.0 if float(s) >= 1.0 else 0.0,
+                         "reflection": math.nan if r is None else float(r),
+                         "confidence": math.nan if q is None else float(q)})
+        if self.log is not None:
+            self.log.add(rows)
+        return rows
+
+    def value(self, rows: list[dict[str, float]]) -> list[float]:
+        raise NotImplementedError
+
+    def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), problem_id: Sequence[Any] = (),
+                 **kwargs: Any) -> list[float]:
+        if len(problem_id) != len(completions):
+            raise ConfigError("a reflectrl reward needs the dataset's problem_id column (task_dataset writes it)")
+        return self.value(self.parts(completions, problem_id))
+
+
+def _vec(rows: list[dict[str, float]], key: str) -> torch.Tensor:
+    return torch.tensor([r[key] for r in rows], dtype=torch.float64)
+
+
+class outcome_reward(_TaskReward):  # noqa: N801 - a function to its users
+    """The task's own score."""
+
+    name = "reflectrl_outcome"
+
+    def value(self, rows: list[dict[str, float]]) -> list[float]:
+        return [r["outcome"] for r in rows]
+
+
+class rlcr_reward(_TaskReward):  # noqa: N801
+    """RLCR: ``acc - (q - acc)^2`` with a stated confidence, ``format_penalty`` without one."""
+
+    name = "reflectrl_rlcr"
+
+    def __init__(self, task: str, task_options: dict[str, Any] | None = None, log: RewardLog | None = None,
+                 format_penalty: float = RLCR_FORMAT_PENALTY):
+        super().__init__(task, task_options, log)
+        self.format_penalty = float(format_penalty)
+
+    def value(self, rows: list[dict[str, float]]) -> list[float]:
+        return _rlcr_reward(_vec(rows, "acc"), _vec(rows, "confidence"), self.format_penalty).tolist()
+
+
+class brier_reward(_TaskReward):  # noqa: N801
+    """The Brier term alone, ``-(q - acc)^2`` (0 without a stated confidence), beside an outcome reward."""
+
+    name = "reflectrl_brier"
+
+    def value(self, rows: list[dict[str, float]]) -> list[float]:
+        return brier_term(_vec(rows, "acc"), _vec(rows, "confidence")).tolist()
+
+
+class reflection_reward(_TaskReward):  # noqa: N801
+    """refgrpo's agreement bonus, inline: ``c * 1[reflection == outcome]``; a missing reflection earns nothing."""
+
+    name = "reflectrl_reflection"
+
+    def __init__(self, task: str, task_options: dict[str, Any] | None = None, log: RewardLog | None = None,
+                 c: float = 0.1):
+        super().__init__(task, task_options, log)
+        if not c >= 0:
+            raise ConfigError(f"the reflection bonus c must be >= 0, got {c!r}")
+        self.c = float(c)
+
+    def value(self, rows: list[dict[str, float]]) -> list[float]:
+        return _reflection_bonus(_vec(rows, "acc"), _vec(rows, "reflection"), self.c).tolist()
+
+
+class format_reward(_TaskReward):  # noqa: N801
+    """1 when the requested self-report (``reflect`` or ``confidence``) parses from the answer, else 0."""
+
+    name = "reflectrl_format"
+
+    def __init__(self, task: str, kind: str = "confidence", task_options: dict[str, Any] | None = None,
+                 log: RewardLog | None = None):
+        super().__init__(task, task_options, log)
+        if kind not in ("reflect", "confidence"):
+            raise ConfigError(f"format_reward's kind must be reflect or confidence, got {kind!r}")
+        self.key = "reflection" if kind == "reflect" else "confidence"
+
+    def value(self, rows: list[dict[str, float]]) -> list[float]:
+        return [0.0 if math.isnan(r[self.key]) else 1.0 for r in rows]
+
+
+# ------------------------------------------------------------------------------------------------ callback
+def calibration_of(records: list[dict[str, Any]]) -> dict[str, float]:
+    """``calibration/*`` metrics of recorded completions: :func:`~reflectrl.eval.calibration.self_report_metrics`
+    of their outcomes and whichever self-reports they stated, the missing rates, and ``collapse`` (1 when at least
+    8 reports were stated, right and wrong answers both occur, and every stated report is the same: a reporter
+    that no longer tells them apart)."""
+    from ..eval.calibration import self_report_metrics
+
+    if not records:
+        return {}
+    y = np.array([r["acc"] for r in records], float)
+    refl = np.array([r["reflection"] for r in records], float)
+    conf = np.array([r["confidence"] for r in records], float)
+    m = self_report_metrics(y, refl if (~np.isnan(refl)).any() else None, conf if (~np.isnan(conf)).any() else None)
+    m["reflection_missing_rate"] = float(np.isnan(refl).mean())
+    m["confidence_missing_rate"] = float(np.isnan(conf).mean())
+    collapse = 0.0
+    for v in (refl, conf):
+        stated = v[~np.isnan(v)]
+        if stated.size >= 8 and 0 < y.mean() < 1 and float(np.ptp(stated)) == 0.0:
+            collapse = 1.0
+    m["collapse"] = collapse
+    m["completions"] = float(len(records))
+    return {f"calibration/{k}": float(v) for k, v in m.items() if v is not None and math.isfinite(float(v))}
+
+
+def _trainer_callback_base() -> type:
+    try:
+        from transformers import TrainerCallback
+    except ImportError:  # pragma: no cover - transformers is in the llm extra
+        raise ConfigError("the calibration callback needs transformers: pip install 'reflectrl[llm]'") from None
+    return TrainerCallback
+
+
+class CalibrationCallback(_trainer_callback_base()):  # type: ignore[misc]
+    """At each logging step: the calibration (:func:`calibration_of`) of the completions the :class:`RewardLog`
+    recorded since the last one, added to the step's logs (and to ``trainer.state.log_history``) and kept in
+    ``history``; a warning when the collapse alarm rings. Reporters that run after it (callbacks given with
+    ``callbacks=``, W&B or TensorBoard when added after it) see the metrics too; ``jsonl`` also appends each step's
+    metrics to a file; ``keep`` keeps every record (its completion, outcome and reports) in ``kept``."""
+
+    def __init__(self, log: RewardLog, jsonl: str | None = None, warn: Callable[[str], None] | None = None,
+                 keep: bool = False):
+        self.log, self.jsonl, self.history, self.keep = log, jsonl, [], keep
+        self._warn = warn
+        self.kept: list[dict[str, Any]] = []  # with ``keep``: every record, with the step it was logged at
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        records = self.log.take()
+        metrics = calibration_of(records)
+        if not metrics:
+            return
+        if self.keep:
+            self.kept += [{"step": int(getattr(state, "global_step", 0)), **r} for r in records]
+        if logs is not None:
+            logs.update(metrics)
+        if getattr(state, "log_history", None):
+            state.log_history[-1].update(metrics)
+        step = int(getattr(state, "global_step", 0))
+        self.history.append({"step": step, **metrics})
+        if self.jsonl:
+            with open(self.jsonl, "a") as fh:
+                fh.write(json.dumps({"step": step, **metrics}) + "\n")
+        if metrics.get("calibration/collapse"):
+            import warnings
+
+            message = (f"step {step}: every stated self-report is the same while answers are right and wrong: the "
+                       "reports no longer discriminate (calibration/collapse)")
+            (self._warn or (lambda m: warnings.warn(m, stacklevel=2)))(message)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def completion_text(completion: Any) -> str:
+    """The text of a TRL completion: a string, or a conversation whose last message's content it is."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        content = completion[-1].get("content", "")
+        return content if isinstance(content, str) else ""
+    return ""
+
+

@@ -97,7 +97,8 @@ def main() -> None:
     ap.add_argument("--render", default=None, metavar="JSON", help="print the table of a result file")
     a = ap.parse_args()
     if a.render:
-        r = json.loads(Path(a.render).read_text())
+        path = Path(a.render)
+        r = json.loads((path if path.exists() else Path(__file__).resolve().parent / "results" / path).read_text())
         print("| | TRL step, s (wall) | TRL step, CPU s |\n|---|---|---|")
         for k in ("plain", "reflectrl"):
             print(f"| {'a reward returning zeros' if k == 'plain' else 'reflectrl rlcr_reward + CalibrationCallback'} | "

@@ -54,7 +54,7 @@ def test_without_step_confidence_no_search_turn_states_one(tiny_policy):
 
 
 def test_detour_share_is_checked():
-    with pytest.raises(ConfigError, match="detour_share in \\[0, 1\\]"):
+    with pytest.raises(ConfigError, match="--detour-share in \\[0, 1\\]"):
         WarmupConfig(model="m", out="o", detour_share=1.5).validate()
 
 

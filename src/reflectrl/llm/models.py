@@ -119,8 +119,6 @@ def convert_gguf(gguf: str | Path, out: str | Path, force: bool = False) -> Path
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .policy import quiet_transformers
-
     src, dst = Path(gguf).expanduser().resolve(), Path(out).expanduser()
     if not src.is_file():
         raise ConfigError(f"GGUF file {src} does not exist")
@@ -217,6 +215,48 @@ def resolve_model(path: str) -> str:
     return path
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' progress bars and info logs (a CLI prints its own progress)."""
+    import warnings
+
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    # peft asks transformers a deprecated question on every LoRA model: the library's warning, not the user's
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+
+def resolve_source(path: str) -> str:
+    """A local model directory (a run directory's exported ``model/``), or a hub id when the path does not exist
+    locally and looks like one (``owner/name``) while the hub is reachable; else one clear error."""
+    from ..runlog import folder_kind
+
+    p = Path(path).expanduser()
+    if p.exists():
+        kind = folder_kind(p)
+        if kind == "llm run":
+            if (p / "model" / "config.json").is_file():
+                return str(p / "model")  # the run's exported policy
+            raise ReflectRLError(f"{p} is an LLM run directory without an exported model yet: pass a model folder, "
+                                 f"or evaluate the run's checkpoint with `reflectrl llm eval {p}`")
+        if kind in ("control run", "comparison"):
+            raise ReflectRLError(f"{p} holds a {kind}, not a language model: pass a model folder, a named model or "
+                                 "a .gguf file")
+        if not (p / "config.json").is_file():
+            raise ReflectRLError(f"{p} is not a Hugging Face model directory (no config.json); create one with "
+                                 "`reflectrl llm init-tiny DIR` or pass a model directory")
+        return str(p)
+    looks_like_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    if not looks_like_hub_id or offline:
+        where = f" (from {Path.cwd()})" if not p.is_absolute() else ""
+        raise ReflectRLError(f"model path {path} does not exist{where}; pass an existing model folder, a named model "
+                             f"({', '.join(NAMED_MODELS)}), a .gguf file, or a new tiny model from "
+                             f"`reflectrl llm init-tiny DIR`")
+    return path
+
+
 # ------------------------------------------------------------------------------------------------
 # Settings that follow from the model.
 # ------------------------------------------------------------------------------------------------
@@ -266,10 +306,8 @@ def profile_of(path: str, lora: bool) -> ModelProfile:
     """The :class:`ModelProfile` of a model directory (config and tokenizer only; no weights are loaded)."""
     from transformers import AutoConfig
 
-    from .policy import _resolve_source, quiet_transformers
-
     quiet_transformers()
-    src = _resolve_source(resolve_model(path))
+    src = resolve_source(resolve_model(path))
     try:
         config = AutoConfig.from_pretrained(src)
     except (OSError, ValueError) as exc:
@@ -316,17 +354,13 @@ def uses_chat(model: str, mode: str = "auto") -> bool:
         return False
     if mode == "on":
         return True
-    from .policy import _resolve_source
-
-    return has_chat_template(_resolve_source(resolve_model(model)))
+    return has_chat_template(resolve_source(resolve_model(model)))
 
 
 def named_tokenizer(name: str) -> Any:
     """The tokenizer of a named model alone (from its converted directory when there is one, else read from its GGUF
     file in a few seconds, no weights converted): for tests and tools that only tokenize."""
     from transformers import AutoTokenizer
-
-    from .policy import quiet_transformers
 
     quiet_transformers()
     done = cache_root() / name

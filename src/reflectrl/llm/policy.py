@@ -28,18 +28,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 HEADS_FILE = "reflectrl_heads.safetensors"
 
 
-def quiet_transformers() -> None:
-    """Silence transformers' progress bars and info logs (a CLI prints its own progress)."""
-    import warnings
-
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    # peft asks transformers a deprecated question on every LoRA model: the library's warning, not the user's
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-
-
 @dataclass
 class TokenOutputs:
     """Per-token outputs on the response axis ``[rows, steps]`` (``hidden``: ``[rows, steps, H]``)."""
@@ -280,40 +268,6 @@ def _cache_kwarg(model: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _resolve_source(path: str) -> str:
-    """A local model directory (a run directory's exported ``model/``), or a hub id when the path does not exist
-    locally and looks like one (``owner/name``) while the hub is reachable; else one clear error."""
-    import os
-
-    from ..runlog import folder_kind
-
-    p = Path(path).expanduser()
-    if p.exists():
-        kind = folder_kind(p)
-        if kind == "llm run":
-            if (p / "model" / "config.json").is_file():
-                return str(p / "model")  # the run's exported policy
-            raise ReflectRLError(f"{p} is an LLM run directory without an exported model yet: pass a model folder, "
-                                 f"or evaluate the run's checkpoint with `reflectrl llm eval {p}`")
-        if kind in ("control run", "comparison"):
-            raise ReflectRLError(f"{p} holds a {kind}, not a language model: pass a model folder, a named model or "
-                                 "a .gguf file")
-        if not (p / "config.json").is_file():
-            raise ReflectRLError(f"{p} is not a Hugging Face model directory (no config.json); create one with "
-                                 "`reflectrl llm init-tiny DIR` or pass a model directory")
-        return str(p)
-    looks_like_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-    if not looks_like_hub_id or offline:
-        from .models import NAMED_MODELS
-
-        where = f" (from {Path.cwd()})" if not p.is_absolute() else ""
-        raise ReflectRLError(f"model path {path} does not exist{where}; pass an existing model folder, a named model "
-                             f"({', '.join(NAMED_MODELS)}), a .gguf file, or a new tiny model from "
-                             f"`reflectrl llm init-tiny DIR`")
-    return path
-
-
 def absolute_model(path: str) -> str:
     """``path`` as a run records it: an existing local path made absolute (so the run can be resumed or evaluated
     from any folder); a named model, a GGUF file's name or a hub id as given."""
@@ -338,15 +292,17 @@ def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dr
     Heads saved next to the model (``reflectrl_heads.safetensors``) are attached again."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .models import quiet_transformers
+
     quiet_transformers()
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if lora_r < 0:
         raise ConfigError(f"lora_r must be >= 0 (0 trains every weight), got {lora_r}")
     from .chat import chat_format
-    from .models import resolve_model
+    from .models import resolve_model, resolve_source
 
-    src = _resolve_source(resolve_model(str(path)))
+    src = resolve_source(resolve_model(str(path)))
     try:
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)

@@ -63,7 +63,7 @@ def init_tiny(out_dir: str | Path, arch: str = "llama", layers: int = 2, width: 
     from transformers import AutoModelForCausalLM
 
     from ..runlog import claim_output_dir
-    from .policy import quiet_transformers
+    from .models import quiet_transformers
 
     quiet_transformers()
     out = claim_output_dir(out_dir, "output directory", force, stale=("warmup.json",))

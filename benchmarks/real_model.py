@@ -2,6 +2,7 @@
 
     python benchmarks/real_model.py calibration --task arith [--limit 200]
     python benchmarks/real_model.py learn --algo grpo --seed 1 [--cpu-seconds 3600]
+    python benchmarks/real_model.py choices
     python benchmarks/real_model.py --render
 
 ``calibration``: the model as it ships, asked each held-out problem of a task through its chat template, then
@@ -28,7 +29,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m-instruct"
 TASKS = ("arith", "codegen", "humaneval", "text2sql", "rag")
-LEARN_TASK = ("arith", ("ops=+",))  # two-digit addition: the model's greedy train accuracy 26% (17% with "-" too)
+LEARN_TASK = ("arith", ("ops=+",))  # two-digit addition: why, in BENCHMARKS.md (`choices`)
 LEARN_FLAGS = ("--lora-r", "16", "--prompts-per-update", "8", "--grad-accum", "4", "--threads", "1", "--updates", "100000",
                "--no-progress", "--eval-interval", "0", "--sample-interval", "25")
 
@@ -64,6 +65,39 @@ def calibration(a: argparse.Namespace) -> None:
     out = RESULTS / f"real_calibration_{a.task}.json"
     out.write_text(json.dumps({"benchmark": "real_calibration", "model": MODEL, **res}, indent=2) + "\n")
     print(json.dumps(res))
+
+
+def choices(a: argparse.Namespace) -> None:
+    """The measurements two choices rest on, on train problems only (held-out problems give final numbers): the base
+    model's greedy accuracy per kind of two-digit problem (why learn on sums), and per sampling temperature the share
+    of groups of 8 samples whose rewards differ (the default temperature of a pretrained model)."""
+    import numpy as np
+    import torch
+
+    from reflectrl.llm.evaluate import evaluate_policy
+    from reflectrl.llm.policy import load_policy
+    from reflectrl.tasks.base import get_task
+
+    torch.set_num_threads(1)
+    policy, task = load_policy(MODEL), get_task("arith")
+    problems = task.problems("train")[:a.limit]
+    res = evaluate_policy(policy, task, "train", max_new_tokens=24, limit=a.limit, per_problem=True)
+    kinds: dict[str, list[float]] = {}
+    for p, ok in zip(problems, res["per_problem"]):
+        kind = "sum" if p.meta["ops"] == ["+"] else ("difference below 0" if p.meta["value"] < 0 else "difference")
+        kinds.setdefault(kind, []).append(ok)
+    per_kind = {k: {"n": len(v), "accuracy": float(np.mean(v))} for k, v in kinds.items()}
+    temps = {}
+    for t in a.temperatures:
+        r = evaluate_policy(policy, task, "train", samples=8, temperature=t, max_new_tokens=24, limit=a.groups,
+                            per_problem=True)
+        share = np.array(r["per_problem"])
+        temps[str(t)] = {"pass@1": r["accuracy"], "groups_with_spread": float(np.mean((share > 0) & (share < 1)))}
+        print(f"temperature {t}: {temps[str(t)]}", flush=True)
+    out = {"benchmark": "real_choices", "model": MODEL, "train_problems": a.limit, "per_kind": per_kind,
+           "groups": a.groups, "temperatures": temps}
+    (RESULTS / "real_choices.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out))
 
 
 def dynamics(metrics: Path) -> dict:
@@ -129,7 +163,26 @@ def gain_interval(before: dict, after: dict) -> tuple[float, float]:
             100 * (f - b + ((a_hi - f) ** 2 + (b - b_lo) ** 2) ** 0.5))
 
 
+def render_choices() -> None:
+    path = RESULTS / "real_choices.json"
+    if not path.is_file():
+        print("(no real_choices result yet)")
+        return
+    r = json.loads(path.read_text())
+    print(f"| first {r['train_problems']} train problems of arith (greedy) | problems | accuracy |\n|---|---|---|")
+    for kind, v in r["per_kind"].items():
+        print(f"| {kind} | {v['n']} | {100 * v['accuracy']:.1f}% |")
+    print(f"\n| temperature | pass@1 (8 samples of {r['groups']} train problems) | groups whose rewards differ |\n"
+          "|---|---|---|")
+    for t, v in r["temperatures"].items():
+        print(f"| {t} | {100 * v['pass@1']:.1f}% | {100 * v['groups_with_spread']:.1f}% |")
+    print("\nCommand: `python benchmarks/real_model.py choices`")
+
+
 def render(part: str = "all") -> None:
+    if part == "choices":
+        render_choices()
+        return
     rows = [json.loads((RESULTS / f"real_calibration_{t}.json").read_text()) for t in TASKS
             if (RESULTS / f"real_calibration_{t}.json").is_file()]
     if part in ("all", "calibration") and not rows:
@@ -168,12 +221,16 @@ def render(part: str = "all") -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--render", nargs="?", const="all", choices=("all", "calibration", "learn"), default=None,
+    ap.add_argument("--render", nargs="?", const="all", choices=("all", "calibration", "learn", "choices"), default=None,
                     help="print the tables of BENCHMARKS.md from the results (one part, or all)")
     sub = ap.add_subparsers(dest="cmd")
     c = sub.add_parser("calibration", help="the base model's accuracy and self-report calibration on one task")
     c.add_argument("--task", choices=TASKS, required=True)
     c.add_argument("--limit", type=int, default=None, help="first N held-out problems (default all)")
+    ch = sub.add_parser("choices", help="on train problems: accuracy per kind of problem, signal per temperature")
+    ch.add_argument("--limit", type=int, default=200, help="train problems for the accuracy per kind")
+    ch.add_argument("--groups", type=int, default=64, help="train problems sampled 8 times per temperature")
+    ch.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.6, 0.8, 1.0])
     learn_p = sub.add_parser("learn", help="RL with LoRA on two-digit addition for a CPU budget, before and after")
     learn_p.add_argument("--algo", default="grpo")
     learn_p.add_argument("--seed", type=int, default=1)
@@ -186,6 +243,8 @@ def main() -> None:
         calibration(a)
     elif a.cmd == "learn":
         learn(a)
+    elif a.cmd == "choices":
+        choices(a)
     else:
         ap.error("give a command (calibration, learn) or --render")
 

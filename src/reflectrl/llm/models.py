@@ -280,9 +280,9 @@ FULL_LR = 1e-6  # full fine-tuning of a pretrained model (verl's and TRL's defau
 
 
 PRETRAINED_TEMPERATURE = 0.6
-"""Sampling temperature for a pretrained model: with SmolLM2-135M-Instruct on arith's train problems, 8 samples
-each, the share of groups whose rewards differ (the learning signal) was 0.22 at 0.3, 0.27 at 0.6, 0.17 at 0.8 and
-lower still at 1.0, where most samples ramble (docs/llm.md)."""
+"""Sampling temperature for a pretrained model: the one at which, with SmolLM2-135M-Instruct on arith's train
+problems, the most groups of 8 samples held rewards that differ (the learning signal; `benchmarks/real_model.py
+choices`, rendered in BENCHMARKS.md)."""
 
 
 def model_defaults(profile: ModelProfile) -> dict[str, Any]:

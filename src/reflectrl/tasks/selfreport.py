@@ -38,7 +38,7 @@ CHAT_QUESTIONS = {"reflect": ("Is your answer correct? Reply with only yes or no
                                  "between 0 and 1.", "Confidence:")}
 """The question a chat model is asked (a user turn) and how its answer turn opens (context, not trained): a
 general instruct model states a yes or no once its turn opens with "Answer:", and a number once it opens with
-"Confidence:" (SmolLM2-135M-Instruct: over 90% of its reports parse on arith and text2sql; BENCHMARKS.md)."""
+"Confidence:" (how many of SmolLM2-135M-Instruct's reports parse on each task: BENCHMARKS.md)."""
 _WORD = re.compile(r"\s*([A-Za-z]{1,16})")
 _NUMBER = re.compile(r"\s*([0-9](?:\.[0-9]{1,6})?)")
 _PERCENT = re.compile(r"\s*([0-9]{1,3}(?:\.[0-9]{1,6})?)\s*%")

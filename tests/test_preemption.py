@@ -251,3 +251,27 @@ def test_a_double_ctrl_c_ends_in_one_line_and_resumes(tiny, tmp_path, capsys):
 @pytest.mark.slow
 def test_twenty_double_ctrl_cs_in_a_row(tiny, tmp_path, capsys):
     double_sigint(tiny, tmp_path, tries=20)
+
+
+def test_a_late_ctrl_c_while_the_interpreter_shuts_down_keeps_status_130(monkeypatch):
+    """Python's shutdown resets its signal handlers to the default, under which a Ctrl-C arriving after a stopped
+    run has printed its line would kill the process (status -2). A command-line process that was stopped by SIGINT
+    ignores SIGINT as it returns; one that was not keeps the default."""
+    from reflectrl import trainer
+
+    monkeypatch.setattr(trainer, "SECOND_INTERRUPT_EXITS", True)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with trainer.StopRequests():
+            pass
+        trainer.ignore_late_interrupts()
+        assert signal.getsignal(signal.SIGINT) is before  # nothing requested: untouched
+        with trainer.StopRequests() as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert stop.requested
+        assert signal.getsignal(signal.SIGINT) is not before  # a further Ctrl-C would end at once
+        trainer.ignore_late_interrupts()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)

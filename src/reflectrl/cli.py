@@ -190,6 +190,7 @@ commands:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``reflectrl`` console script."""
+    from_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         code = 0 if argv else 2
@@ -202,7 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return run_command(COMMANDS[argv[0]], argv[1:])
+    code = run_command(COMMANDS[argv[0]], argv[1:])
+    if from_process:
+        from .trainer import ignore_late_interrupts
+
+        ignore_late_interrupts()
+    return code
 
 
 if __name__ == "__main__":

@@ -153,6 +153,18 @@ class StopRequests:
             signal.signal(s, self._exit_now if late else h)
 
 
+def ignore_late_interrupts() -> None:
+    """Called by a command-line process as it returns its exit status: if a SIGINT stop was requested, a further
+    Ctrl-C while the interpreter shuts down changes nothing (the status stays 130). Python's shutdown resets its
+    own signal handlers to the default, under which a late SIGINT would kill the process (status -2, not 130);
+    an ignored signal stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if getattr(handler, "__func__", None) is StopRequests._exit_now:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def cpu_seconds() -> float:
     """CPU time of this process (all threads) plus that of the child processes it has waited for."""
     import resource

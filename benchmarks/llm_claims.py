@@ -3,23 +3,25 @@
     python benchmarks/llm_claims.py --out runs/cmp_llm/arith13 --task arith --baseline grpo \
         --methods refgrpo rlcr refgrpo-seed --json-out benchmarks/results/llm_claims_arith.json
 
-Per method the runs are paired with the baseline's by seed (the same warmed-up model per seed). For each
-metric of the held-out evaluation (accuracy, and the calibration of the self-reports asked after each
-answer) the script gives the mean over seeds of method and baseline, and P(method better than baseline)
-with its 95% bootstrap CI over seeds (better: higher accuracy, reflection accuracy, AUROC, selective score;
-lower ECE, Brier, underconfidence, overconfidence). Verdicts: **holds** when the CI lies above 0.5,
-**does not hold** when it lies below, **level (within noise)** otherwise; for "accuracy not lower" the claim
-holds unless the CI lies below 0.5. Two checks of self-knowledge per method, baselines included: AUROC above
-0.5 beyond noise (bootstrap CI of the mean over seeds), and reflection accuracy above the best constant
-reflection max(acc, 1 - acc) (CI of the mean per-seed difference above 0). A verdict needs ``--min-seeds``
-pairs (default 3). A second reading uses the pairing: the mean over seeds of the per-seed difference (method minus
-baseline, from the same warmed-up model) with its 95% bootstrap CI; "better" there means the CI excludes 0 on the
-better side. The verdicts of the first table stay the claims' rule; the paired table says how far the pairing
-narrows them. A last table follows each run's self-reports: the share of held-out answers it flagged solved and
+Per method the runs are paired with the baseline's by seed (the same warmed-up model per seed). Every verdict
+comes from the one rule of ``reflectrl.eval.stats`` (docs/compare.md, "How verdicts are decided"): per metric of
+the held-out evaluation (accuracy, and the calibration of the self-reports asked after each answer; better:
+higher accuracy, reflection accuracy, AUROC, selective score; lower ECE, Brier, underconfidence,
+overconfidence), the exact sign-flip test of the per-seed differences, Student's t 95% interval of the mean
+difference, and Holm over the directed claims of the table: "better" or "worse" only when the adjusted p-value
+is below 0.05; accuracy "not lower" when the one-sided 95% lower bound of the difference lies above -0.02 (two
+accuracy points); otherwise "inconclusive (n seeds)". Five pairs never decide (the smallest exact p is 2/32).
+The unpaired P(method better) [95% bootstrap CI] stays in the first table as a description. Self-knowledge per
+method, baselines included, in a second family: AUROC above 0.5, and reflection accuracy above the best constant
+reflection max(acc, 1 - acc), each by the same test on the per-seed values. A verdict needs ``--min-seeds`` pairs
+(default 3). A last table follows each run's self-reports: the share of held-out answers it flagged solved and
 its mean held-out confidence, and in its training rollouts the first update at which it flagged none solved
 (a collapse to the constant answer "not solved") with the training accuracy at that update, and the mean
 stated confidence at the first and the last update. Where the folder holds the comparison's own tiny models, a
 first table gives each seed's warm-up: its steps and the train accuracy at which it stopped, against its target.
+
+``--rerender FILE.json`` decides and renders a result file again from its per-seed values alone (no run
+folders needed); ``tests/eval/test_rendered_claims.py`` checks that every committed table equals that render.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from reflectrl.eval.stats import bootstrap_ci, probability_of_improvement_ci
+from reflectrl.eval.stats import compare_samples, decide, probability_of_improvement_ci
+
+ACCURACY_MARGIN = 0.02
+"""Non-inferiority margin of held-out accuracy: 2 accuracy points (as ``reflectrl llm compare``)."""
 
 HIGHER = ("accuracy", "reflection_accuracy", "auroc", "selective_score")
 LOWER = ("ece", "brier", "underconfidence", "overconfidence")
@@ -62,6 +67,8 @@ def value(ev: dict, key: str) -> float:
 
 
 def compare(m: dict[int, dict], b: dict[int, dict], key: str) -> dict:
+    """The seeds both ran, each with (method, baseline) values, plus the unpaired P(method better) [95% CI] as a
+    description; the claim itself is decided by :func:`decide_result`."""
     seeds = sorted(set(m) & set(b))
     x = np.array([value(m[s], key) for s in seeds])
     y = np.array([value(b[s], key) for s in seeds])
@@ -72,87 +79,125 @@ def compare(m: dict[int, dict], b: dict[int, dict], key: str) -> dict:
     better = (x, y) if key in UP else (y, x)  # P(first > second) is P(method better); NEUTRAL keys: P unused
     p = probability_of_improvement_ci(*better) if len(x) >= 2 else (float("nan"),) * 3
     kept = [s for s, k in zip(seeds, ok) if k]
-    d = x - y
-    lo, hi = bootstrap_ci(d, np.mean) if len(d) >= 2 else (float("nan"), float("nan"))
     return {"n": int(len(x)), "method": float(x.mean()), "baseline": float(y.mean()), "p_better": [float(v) for v in p],
-            "per_seed": {str(s): [float(a), float(b)] for s, a, b in zip(kept, x, y)},
-            "paired_diff": [float(d.mean()), float(lo), float(hi)]}
+            "per_seed": {str(s): [float(a), float(b)] for s, a, b in zip(kept, x, y)}}
 
 
 PAIRED_KEYS = ("accuracy", "reflection_accuracy", "auroc", "ece", "brier", "underconfidence")
 
 
-def paired_verdict(c: dict, key: str, min_seeds: int) -> str:
-    if c.get("n", 0) < min_seeds:
-        return f"too few seeds ({c.get('n', 0)})"
-    _, lo, hi = c["paired_diff"]
-    if not math.isfinite(lo):
-        return "no CI"
-    if key in NEUTRAL:
-        return "higher" if lo > 0 else "lower" if hi < 0 else "level"
-    up, down = (lo > 0, hi < 0) if key in UP else (hi < 0, lo > 0)
-    return "better" if up else "worse" if down else "level"
+def self_knowledge_values(runs: dict[int, dict]) -> dict[str, dict[str, float]]:
+    """Per check, seed -> the run's value: AUROC, reflection accuracy minus the best constant (max(acc, 1 - acc) over
+    the answers that got a reflection), and
+    (where a task gives it) the per-step AUROC."""
+    out: dict[str, dict[str, float]] = {"auroc": {}, "reflection_minus_best_constant": {}}
+    for s, e in sorted(runs.items()):
+        out["auroc"][str(s)] = value(e, "auroc")
+        out["reflection_minus_best_constant"][str(s)] = value(e, "reflection_accuracy") - value(e, "best_constant")
+        if math.isfinite(value(e, "step_auroc")):
+            out.setdefault("step_auroc", {})[str(s)] = value(e, "step_auroc")
+    return {k: {s: v for s, v in d.items() if math.isfinite(v)} for k, d in out.items()}
 
 
-def paired_rows(result: dict, methods: list[str], min_seeds: int, keys: tuple[str, ...] = PAIRED_KEYS) -> list[str]:
-    """Per metric and method: mean paired difference (method - baseline) [95% bootstrap CI] and its reading."""
-    rows = ["", "| paired by seed: method - baseline [95% CI] | " + " | ".join(methods) + " |",
+SELF_REFERENCE = {"auroc": 0.5, "reflection_minus_best_constant": 0.0, "step_auroc": 0.5}
+
+
+def decide_result(result: dict, min_seeds: int) -> dict:
+    """Every verdict of ``result`` from its per-seed values alone, by the one rule of ``reflectrl.eval.stats``: per
+    method and metric, the paired comparison with the baseline (the same warmed-up model per seed: exact sign-flip
+    test, Student's t interval), Holm over the directed claims of the method table; "not lower" for accuracy with a
+    2-point margin. Self-knowledge: each run's value against its reference (0.5, or 0), Holm over that table.
+    Fewer than ``min_seeds`` pairs: "too few seeds (n)"."""
+    cells = []
+    for m, rec in result["methods"].items():
+        rec["verdicts"] = {}
+        for k, c in rec["metrics"].items():
+            for stale in ("paired_diff", "claim"):
+                c.pop(stale, None)
+            if c.get("n", 0) == 0 or "per_seed" not in c:
+                continue
+            pairs = np.array(list(c["per_seed"].values()), float)
+            claim = compare_samples(pairs[:, 0], pairs[:, 1], paired=True, higher_is_better=k not in LOWER + TASK_LOWER,
+                                    margin=ACCURACY_MARGIN if k == "accuracy" else None)
+            c["claim"] = claim
+            if k not in NEUTRAL and c["n"] >= min_seeds:
+                cells.append(c)
+    for c, decided in zip(cells, decide([c["claim"] for c in cells])):
+        c["claim"] = decided
+    for m, rec in result["methods"].items():
+        for k, c in rec["metrics"].items():
+            if k in NEUTRAL:
+                continue
+            if c.get("n", 0) == 0:
+                rec["verdicts"][k] = "too few seeds (0)"
+            elif "per_seed" not in c:  # a table from before per-seed values were kept: nothing to decide on
+                rec["verdicts"][k] = f"inconclusive ({c.get('n', 0)} seeds; per-seed values not kept)"
+            else:
+                rec["verdicts"][k] = c["claim"].get("verdict", f"too few seeds ({c['n']})")
+    sk_cells = []
+    for m, checks in result["self_knowledge"].items():
+        for name, e in checks.items():
+            if "per_seed" not in e:
+                e["verdict"] = f"inconclusive ({e.get('n', 0)} seeds; per-seed values not kept)"
+                continue
+            arr = np.array(list(e["per_seed"].values()), float)
+            e.update({"n": int(arr.size)})
+            if arr.size == 0:
+                e.update({"verdict": "too few seeds (0)"})
+                continue
+            ref = SELF_REFERENCE[name]
+            e.update(compare_samples(arr, np.full(arr.size, ref), paired=True))
+            e["mean"] = float(arr.mean())
+            e["ci"] = [float(ref + v) for v in e["ci"]]
+            if arr.size >= min_seeds:
+                sk_cells.append(e)
+            else:
+                e["verdict"] = f"too few seeds ({arr.size})"
+    for e, decided in zip(sk_cells, decide([dict(e) for e in sk_cells])):
+        e.update(p_holm=decided["p_holm"], verdict=decided["verdict"])
+    result["rule"] = RULE
+    return result
+
+
+def fmt(c: dict) -> str:
+    """Method / baseline means, the unpaired P(method better) [95% CI] (a description), and the decided claim."""
+    if c.get("n", 0) == 0:
+        return "n/a"
+    p, lo, hi = c["p_better"]
+    poi = f", P = {p:.2f} [{lo:.2f}, {hi:.2f}]" if math.isfinite(p) else ""
+    return f"{c['method']:.3f} / {c['baseline']:.3f}{poi}"
+
+
+def raw_cell(claim: dict, lower_is_better: bool) -> str:
+    """A decided claim as method - baseline (not oriented): ``diff [95% t CI], p = (Holm): verdict``."""
+    sign = -1.0 if lower_is_better else 1.0
+    lo, hi = sorted(sign * v for v in claim["ci"])
+    ci = f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else ""
+    return f"{sign * claim['effect']:+.3f}{ci}, p = {claim['p_holm']:.3g}: {claim['verdict']}"
+
+
+def paired_rows(result: dict, methods: list[str], keys: tuple[str, ...]) -> list[str]:
+    """Per metric and method: mean paired difference (method - baseline) [95% t CI], the Holm p-value and the verdict."""
+    rows = ["", "| paired by seed: method - baseline [95% t CI], Holm p: verdict | " + " | ".join(methods) + " |",
             "|---|" + "---|" * len(methods)]
     for k in keys:
         cells = []
         for m in methods:
-            c = result["methods"][m]["metrics"][k]
+            c = result["methods"][m]["metrics"].get(k, {"n": 0})
             if c.get("n", 0) == 0:
                 cells.append("n/a")
-                continue
-            d, lo, hi = c["paired_diff"]
-            ci = f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else ""
-            cells.append(f"{d:+.3f}{ci}: {paired_verdict(c, k, min_seeds)}")
+            elif "claim" not in c:
+                cells.append(result["methods"][m]["verdicts"].get(k, "n/a"))
+            elif k in NEUTRAL:
+                eff, (lo, hi) = c["claim"]["effect"], c["claim"]["ci"]
+                cells.append(f"{eff:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else ""))
+            elif "p_holm" in c["claim"]:
+                cells.append(raw_cell(c["claim"], k in LOWER + TASK_LOWER))
+            else:
+                cells.append(result["methods"][m]["verdicts"][k])
         reading = "no better direction" if k in NEUTRAL else f"{'higher' if k in UP else 'lower'} is better"
         rows.append(f"| {k} ({reading}) | " + " | ".join(cells) + " |")
     return rows
-
-
-def verdict(c: dict, min_seeds: int, not_lower: bool = False) -> str:
-    if c.get("n", 0) < min_seeds:
-        return f"too few seeds ({c.get('n', 0)})"
-    p, lo, hi = c["p_better"]
-    if not math.isfinite(lo):
-        return "no CI"
-    if not_lower:
-        return "does not hold" if hi < 0.5 else "holds"
-    return "holds" if lo > 0.5 else "does not hold" if hi < 0.5 else "level (within noise)"
-
-
-def self_knowledge(runs: dict[int, dict], min_seeds: int) -> dict:
-    """AUROC above 0.5 and reflection accuracy above the best constant, each beyond noise over seeds."""
-    au = np.array([value(e, "auroc") for e in runs.values()])
-    au = au[np.isfinite(au)]
-    diff = np.array([value(e, "reflection_accuracy") - value(e, "best_constant") for e in runs.values()])
-    diff = diff[np.isfinite(diff)]
-    step = np.array([value(e, "step_auroc") for e in runs.values()])
-    step = step[np.isfinite(step)]
-    out = {}
-    checks = [("auroc", au, 0.5), ("reflection_minus_best_constant", diff, 0.0)]
-    if len(step):  # a task whose episodes state confidences along the way (rag report=steps)
-        checks.append(("step_auroc", step, 0.5))
-    for name, arr, ref in checks:
-        if len(arr) < min_seeds:
-            out[name] = {"n": int(len(arr)), "verdict": f"too few seeds ({len(arr)})"}
-            continue
-        lo, hi = bootstrap_ci(arr, np.mean)
-        out[name] = {"n": int(len(arr)), "mean": float(arr.mean()), "ci": [float(lo), float(hi)],
-                     "verdict": "holds" if lo > ref else "does not hold" if hi < ref else "level (within noise)"}
-    return out
-
-
-def fmt(c: dict) -> str:
-    if c.get("n", 0) == 0:
-        return "n/a"
-    p, lo, hi = c["p_better"]
-    if not math.isfinite(p):
-        return f"{c['method']:.3f} / {c['baseline']:.3f}"
-    return f"{c['method']:.3f} / {c['baseline']:.3f}, P = {p:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
 def reflection_dynamics(out: Path, task: str, method: str) -> dict[int, dict]:
@@ -208,13 +253,14 @@ def warmup_rows(ws: dict[int, dict]) -> list[str]:
     return [*rows, ""]
 
 
-def dynamics_rows(all_runs: dict[str, dict[str, dict[int, dict]]], dyn: dict[str, dict[int, dict]]) -> list[str]:
+def dynamics_rows(result: dict) -> list[str]:
     """Per method and seed: the share of held-out answers flagged solved, and the training reflections' course."""
     rows = ["", "| method | seed | held-out: share flagged solved | held-out: mean confidence | training: first update "
             "with none flagged solved (train accuracy then) | training: share flagged solved at the last update | "
             "training: mean confidence, first -> last update |", "|---|---|---|---|---|---|---|"]
-    for m, runs in all_runs.items():
-        for s in sorted(runs):
+    dyn = result["reflection_dynamics"]
+    for m, seeds in result["heldout_reports"].items():
+        for s, (coverage, confidence) in sorted(seeds.items(), key=lambda kv: int(kv[0])):
             t = dyn.get(m, {}).get(s) or {}
             if "updates" in t:
                 first = ("never" if t["first_update_all_not_solved"] is None else
@@ -224,64 +270,145 @@ def dynamics_rows(all_runs: dict[str, dict[str, dict[int, dict]]], dyn: dict[str
                 first, last = "no reflection in training", "-"
             c = t.get("confidence_first_last")
             conf = f"{c[0]:.3f} -> {c[1]:.3f}" if c else "no confidence in training"
-            rows.append(f"| {m} | {s} | {value(runs[s], 'coverage'):.3f} | {value(runs[s], 'mean_confidence'):.3f} | "
-                        f"{first} | {last} | {conf} |")
+            rows.append(f"| {m} | {s} | {_num(coverage)} | {_num(confidence)} | {first} | {last} | {conf} |")
     return rows
+
+
+def _num(v: float | None) -> str:
+    return "nan" if v is None or not math.isfinite(v) else f"{v:.3f}"
+
+
+def gather(out: Path, task: str, baseline: str, methods: list[str]) -> dict:
+    """Everything the tables need from a ``reflectrl llm compare`` folder, per seed; verdicts come after."""
+    base = load(out, task, baseline)
+    runs_of = {m: load(out, task, m) for m in methods}
+    present = lambda k: any(isinstance(e.get(k), (int, float)) for r in (base, *runs_of.values()) for e in r.values())
+    task_keys = tuple(k for k in TASK_HIGHER + TASK_LOWER if present(k))
+    neutral = tuple(k for k in NEUTRAL if present(k))
+    all_runs = {baseline: base, **runs_of}
+    return {"task": task, "baseline": baseline, "out": str(out), "seeds_baseline": sorted(base),
+            "keys": list(HIGHER + LOWER + task_keys), "neutral": list(neutral),
+            "self_knowledge": {m: {name: {"per_seed": v} for name, v in self_knowledge_values(r).items()}
+                               for m, r in all_runs.items()},
+            "methods": {m: {"seeds": sorted(set(r) & set(base)),
+                            "metrics": {k: compare(r, base, k) for k in HIGHER + LOWER + task_keys + neutral}}
+                        for m, r in runs_of.items()},
+            "warmups": warmups(out, task),
+            "reflection_dynamics": {m: {str(s): v for s, v in reflection_dynamics(out, task, m).items()}
+                                    for m in all_runs},
+            "heldout_reports": {m: {str(s): [value(e, "coverage"), value(e, "mean_confidence")] for s, e in r.items()}
+                                for m, r in all_runs.items()}}
+
+
+def render(result: dict) -> str:
+    """The markdown tables of a decided ``result`` (nothing read but the result)."""
+    methods, baseline = list(result["methods"]), result["baseline"]
+    keys, neutral = tuple(result["keys"]), tuple(result["neutral"])
+    rows = ["| metric (held-out) | better | " + " | ".join(
+        f"{m} / {baseline}, P({m} better) [95% CI]; verdict" for m in methods) + " |",
+        "|---|---|" + "---|" * len(methods)]
+    for k in keys:
+        cells = []
+        for m in methods:
+            c, v = result["methods"][m]["metrics"][k], result["methods"][m]["verdicts"].get(k, "n/a")
+            cells.append(f"{fmt(c)}: {'not lower (2 points)? ' if k == 'accuracy' else ''}{v}")
+        rows.append(f"| {k} | {'higher' if k in UP else 'lower'} | " + " | ".join(cells) + " |")
+    rows[:0] = warmup_rows({int(s): w for s, w in result["warmups"].items()})
+    rows.insert(0, f"Seeds paired with {baseline}: " + ", ".join(
+        f"{m} {len(result['methods'][m]['seeds'])}" for m in methods) + ".\n")
+    names = ["auroc", "reflection_minus_best_constant"]
+    head = ("| method | mean AUROC [95% t CI], Holm p (> 0.5?) | reflection acc. - best constant [95% t CI], Holm p "
+            "(> 0?) |")
+    if any("step_auroc" in s for s in result["self_knowledge"].values()):
+        names.append("step_auroc")
+        head += " mean per-step AUROC [95% t CI], Holm p (> 0.5?) |"
+    sk = ["", head, "|---|" + "---|" * len(names)]
+    for m, checks in result["self_knowledge"].items():
+        cells = []
+        for name in names:
+            e = checks.get(name, {"verdict": "n/a"})
+            if "p_holm" in e:
+                ci = f" [{e['ci'][0]:.3f}, {e['ci'][1]:.3f}]" if math.isfinite(e["ci"][0]) else ""
+                cells.append(f"{e['mean']:.3f}{ci}, p = {e['p_holm']:.3g}: {e['verdict']}")
+            else:
+                cells.append(e.get("verdict", "n/a"))
+        sk.append(f"| {m} | " + " | ".join(cells) + " |")
+    paired = paired_rows(result, methods, PAIRED_KEYS + tuple(k for k in keys if k in TASK_HIGHER + TASK_LOWER) + neutral)
+    return "\n".join(rows + paired + sk + dynamics_rows(result))
+
+
+RULE = ("paired by seed: exact sign-flip test, Student's t 95% interval, Holm over the table at 0.05; accuracy "
+        "'not lower' with a 2-point margin (one-sided 95% bound); otherwise 'inconclusive (n seeds)'")
+
+
+def migrate(old: dict, md: Path | None) -> dict:
+    """A result file written before the one verdict rule, in today's layout: the per-seed self-knowledge values
+    from its metrics' per-seed pairs (reflection minus best constant = reflection accuracy - max(acc, 1 - acc), with
+    the accuracy of all answers: it differs from the run's own best constant, over the answers that got a
+    reflection, where some reflections were missing; ``migrated`` says so in the result),
+    and the held-out flagged-solved shares and confidences from the dynamics table of its markdown ``md``."""
+    res = dict(old)
+    methods = old["methods"]
+    if "keys" not in res:
+        first = next(iter(methods.values()))["metrics"]
+        res["keys"] = [k for k in first if k not in NEUTRAL]
+        res["neutral"] = [k for k in first if k in NEUTRAL]
+    kept = all("per_seed" in c for r in methods.values() for c in r["metrics"].values() if c.get("n", 0))
+    if not kept:
+        res["self_knowledge"] = {m: {name: {"n": e.get("n", 0)} for name, e in checks.items()}
+                                 for m, checks in old["self_knowledge"].items()}
+        res["migrated"] = "per-seed values not kept by the script that wrote this file: no verdict can be decided"
+    elif not all("per_seed" in e for s in old["self_knowledge"].values() for e in s.values()):
+        def side(m: str, i: int, key: str) -> dict[str, float]:
+            mets = [methods[m]["metrics"]] if i == 0 else [r["metrics"] for r in methods.values()]
+            return {s: v[i] for ms in mets for s, v in ms.get(key, {}).get("per_seed", {}).items()}
+        sk = {}
+        for m in old["self_knowledge"]:
+            i, src = (1, next(iter(methods))) if m == old["baseline"] else (0, m)
+            acc, refl, au = side(src, i, "accuracy"), side(src, i, "reflection_accuracy"), side(src, i, "auroc")
+            checks = {"auroc": {"per_seed": au},
+                      "reflection_minus_best_constant": {"per_seed": {s: refl[s] - max(acc[s], 1 - acc[s])
+                                                                      for s in refl if s in acc}}}
+            if "step_auroc" in old["self_knowledge"][m]:
+                checks["step_auroc"] = {"per_seed": side(src, i, "step_auroc")}
+            sk[m] = checks
+        res["self_knowledge"] = sk
+        res["migrated"] = ("self-knowledge per seed rebuilt from the metrics' per-seed values (best constant from "
+                           "the accuracy of all answers, not only those with a reflection)")
+    if "heldout_reports" not in res:
+        reports: dict[str, dict[str, list]] = {}
+        lines = md.read_text().splitlines() if md is not None and md.exists() else []
+        for line in lines:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 7 and cells[1].isdigit() and (cells[0] == old["baseline"] or cells[0] in methods):
+                reports.setdefault(cells[0], {})[cells[1]] = [float(cells[2]), float(cells[3])]
+        res["heldout_reports"] = reports
+    res["reflection_dynamics"] = {m: {str(s): v for s, v in d.items()} for m, d in old["reflection_dynamics"].items()}
+    res["warmups"] = {str(s): w for s, w in old.get("warmups", {}).items()}
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="a `reflectrl llm compare --out` folder")
-    ap.add_argument("--task", required=True)
+    ap.add_argument("--out", type=Path, help="a `reflectrl llm compare --out` folder")
+    ap.add_argument("--task")
     ap.add_argument("--baseline", default="grpo")
-    ap.add_argument("--methods", nargs="+", required=True)
+    ap.add_argument("--methods", nargs="+")
     ap.add_argument("--min-seeds", type=int, default=3)
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--md-out", type=Path, default=None)
+    ap.add_argument("--rerender", type=Path, default=None, metavar="JSON",
+                    help="instead of reading runs: decide and render a --json-out file written before, from its "
+                         "per-seed values (a file from before the one verdict rule is first brought to today's "
+                         "layout, reading its held-out report shares from --md-out)")
     a = ap.parse_args()
-    base = load(a.out, a.task, a.baseline)
-    runs_of = {m: load(a.out, a.task, m) for m in a.methods}
-    present = lambda k: any(isinstance(e.get(k), (int, float)) for r in (base, *runs_of.values()) for e in r.values())
-    task_keys = tuple(k for k in TASK_HIGHER + TASK_LOWER if present(k))
-    keys = HIGHER + LOWER + task_keys
-    neutral = tuple(k for k in NEUTRAL if present(k))
-    result = {"task": a.task, "baseline": a.baseline, "out": str(a.out), "seeds_baseline": sorted(base),
-              "self_knowledge": {a.baseline: self_knowledge(base, a.min_seeds)}, "methods": {}}
-    rows = ["| metric (held-out) | better | " + " | ".join(f"{m} / {a.baseline}, P({m} better) [95% CI]" for m in a.methods)
-            + " |", "|---|---|" + "---|" * len(a.methods)]
-    cells: dict[str, list[str]] = {k: [] for k in keys}
-    for m in a.methods:
-        runs = runs_of[m]
-        cmp = {k: compare(runs, base, k) for k in keys + neutral}
-        verdicts = {k: verdict(cmp[k], a.min_seeds, not_lower=(k == "accuracy")) for k in keys}
-        result["methods"][m] = {"seeds": sorted(set(runs) & set(base)), "metrics": cmp, "verdicts": verdicts}
-        result["self_knowledge"][m] = self_knowledge(runs, a.min_seeds)
-        for k in keys:
-            cells[k].append(f"{fmt(cmp[k])}: {'not lower: ' if k == 'accuracy' else ''}{verdicts[k]}")
-    for k in keys:
-        rows.append(f"| {k} | {'higher' if k in UP else 'lower'} | " + " | ".join(cells[k]) + " |")
-    result["warmups"] = warmups(a.out, a.task)
-    rows[:0] = warmup_rows(result["warmups"])
-    rows.insert(0, f"Seeds paired with {a.baseline}: " + ", ".join(
-        f"{m} {len(result['methods'][m]['seeds'])}" for m in a.methods) + ".\n")
-    names = ["auroc", "reflection_minus_best_constant"]
-    head = "| method | mean AUROC [95% CI] (> 0.5?) | reflection acc. - best constant [95% CI] (> 0?) |"
-    if any("step_auroc" in s for s in result["self_knowledge"].values()):
-        names.append("step_auroc")
-        head += " mean per-step AUROC [95% CI] (> 0.5?) |"
-    sk = ["", head, "|---|" + "---|" * len(names)]
-    for m, s in result["self_knowledge"].items():
-        cells = []
-        for name in names:
-            e = s.get(name, {"verdict": "n/a"})
-            cells.append(f"{e['mean']:.3f} [{e['ci'][0]:.3f}, {e['ci'][1]:.3f}] ({e['verdict']})" if "mean" in e
-                         else e["verdict"])
-        sk.append(f"| {m} | " + " | ".join(cells) + " |")
-    all_runs = {a.baseline: base, **runs_of}
-    dyn = {m: reflection_dynamics(a.out, a.task, m) for m in all_runs}
-    result["reflection_dynamics"] = dyn
-    paired = paired_rows(result, a.methods, a.min_seeds, PAIRED_KEYS + task_keys + neutral)
-    text = "\n".join(rows + paired + sk + dynamics_rows(all_runs, dyn))
+    if a.rerender is not None:
+        result = migrate(json.loads(a.rerender.read_text()), a.md_out)
+    else:
+        if a.out is None or a.task is None or not a.methods:
+            ap.error("--out, --task and --methods are needed (or --rerender)")
+        result = gather(a.out, a.task, a.baseline, a.methods)
+    text = render(decide_result(result, a.min_seeds))
     print(text)
     if a.md_out:
         a.md_out.write_text(text + "\n")

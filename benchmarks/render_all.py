@@ -29,12 +29,17 @@ def rendered(script: str, args: list[str]) -> str:
     return buf.getvalue().strip()
 
 
-def main() -> None:
+def benchmarks_text() -> str:
+    """The text BENCHMARKS.md should hold: the prose with every marker replaced by its script's output."""
     text = (HERE / "BENCHMARKS.in.md").read_text()
     for marker in re.findall(r"<!-- render: (.+?) -->", text):
         script, *args = marker.split()
         text = text.replace(f"<!-- render: {marker} -->", rendered(script, args))
-    (HERE.parent / "BENCHMARKS.md").write_text(text)
+    return text
+
+
+def main() -> None:
+    (HERE.parent / "BENCHMARKS.md").write_text(benchmarks_text())
     print(f"wrote {HERE.parent / 'BENCHMARKS.md'}")
     readme = HERE.parent / "README.md"
     summary = rendered("render_summary.py", [])

@@ -5,26 +5,24 @@
 
 Each folder is a ``reflectrl compare --out`` folder (or any folder of run directories with
 ``eval.json``); ``--dense`` folders hold dense-reward envs, ``--sparse`` sparse-reward ones. Per env
-and method the script compares against ``ppo`` (same env, same seeds 1..N) and prints a markdown table:
+and method the script compares against ``ppo`` (same env, same seeds) and prints markdown tables. Every
+verdict comes from the one rule of ``reflectrl.eval.stats`` (docs/compare.md, "How verdicts are decided"),
+Holm over the claims of each table:
 
-- **faster early learning**: P(method > ppo) of the early-learning AUC (episodic return averaged
-  over the first ``--early-fraction`` of steps, as in report.md), with its 95% bootstrap CI.
-  holds: CI low > 0.5; does not hold: CI high < 0.5 or point <= 0.5; otherwise not resolved.
-- **final >= PPO**: P(method > ppo) of the final (evaluation) return. holds: CI low > 0.5 (better beyond
-  noise); does not hold: CI high < 0.5 (worse beyond noise); otherwise "level (within noise)": the
-  claim is neither shown nor refuted.
-- **L_cal falls and settles** (refgrpo-seed): per seed, mean held-out L_cal over the last 20% of
-  updates divided by its mean over the first 20% (updates that logged it); settles: the relative std
-  over the last 20%. holds: the ratio is < 1 in every seed.
-- **larger gains on sparse rewards**: P(final > ppo) on the sparse envs (mean over them) against the
-  dense envs. holds: sparse point > 0.5, sparse CI low > 0.5 and sparse point > dense point; does not
-  hold: sparse point <= dense point or <= 0.5; otherwise not resolved.
+- **final >= PPO**: the final (evaluation) return, paired by env seed (exact sign-flip test, Student's t 95%
+  interval): "better"/"worse" at Holm p < 0.05, "not lower" when the one-sided 95% lower bound of the
+  difference lies above minus 5% of PPO's mean return, otherwise "inconclusive (n seeds)".
+- **faster early learning**: the early-learning AUC (episodic return averaged over the first
+  ``--early-fraction`` of steps, as in report.md), paired the same way; "better" means faster.
+- **L_cal falls** (refgrpo-seed): per seed, mean held-out L_cal over the last 20% of updates divided by its
+  mean over the first 20%, against 1 ("better": it falls); the relative std over the last 20% says whether it
+  settles.
+- **larger gains on sparse rewards**: each seed's gain over PPO's mean, relative to |PPO's mean|, on the
+  sparse envs against the dense envs (independent samples: exact permutation test).
 
-A verdict needs at least ``--min-seeds`` runs (default 3) of the method and of ppo in the env (every
-env, for the sparse-vs-dense claim; every seed's ratio, for L_cal); with fewer the claim reads
-"too few seeds (n)": one pair of runs says nothing about a distribution.
-
-Statistics: reflectrl.eval.stats (scipy's percentile bootstrap, 5000 resamples, seed 0).
+P(method > ppo) [95% bootstrap CI] and IQMs stay as descriptions. A verdict needs at least ``--min-seeds``
+runs (default 3) of the method and of ppo; with fewer the claim reads "too few seeds (n)".
+``--rerender FILE.json`` decides and renders a results file again from its per-seed values.
 """
 
 from __future__ import annotations
@@ -37,7 +35,14 @@ import numpy as np
 
 from reflectrl.eval.report import run_auc
 from reflectrl.eval.rundata import discover_runs, group_runs, load_run
-from reflectrl.eval.stats import iqm, mean_probability_of_improvement_ci, probability_of_improvement_ci
+from reflectrl.eval.stats import (
+    by_seed,
+    claim_text,
+    compare_samples,
+    decide,
+    iqm,
+    probability_of_improvement_ci,
+)
 
 BASE = "ppo"
 
@@ -52,27 +57,13 @@ def aucs(runs, fraction: float) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
-def verdict_early(p: tuple[float, float, float]) -> str:
-    point, lo, hi = p
-    if lo > 0.5:
-        return "holds"
-    if hi < 0.5 or point <= 0.5:
-        return "does not hold"
-    return "not resolved"
-
-
-def verdict_final(p: tuple[float, float, float]) -> str:
-    point, lo, hi = p
-    if lo > 0.5:
-        return "holds"
-    if hi < 0.5:
-        return "does not hold"
-    return "level (within noise)"
-
-
 def too_few(n: int, min_seeds: int) -> str | None:
     """The verdict that replaces any other when fewer than ``min_seeds`` runs back a claim."""
     return f"too few seeds ({n})" if n < min_seeds else None
+
+
+MARGIN_SHARE = 0.05
+"""Non-inferiority margin of "final >= PPO": 5% of the magnitude of PPO's mean final return in the env."""
 
 
 def lcal_trend(runs, metric: str = "refgrpo/L_cal_heldout", min_seeds: int = 1) -> dict | None:
@@ -87,12 +78,174 @@ def lcal_trend(runs, metric: str = "refgrpo/L_cal_heldout", min_seeds: int = 1) 
         settle.append(float(np.std(last) / np.mean(last)) if np.mean(last) > 0 else float("nan"))
     if not ratios:
         return None
-    verdict = too_few(len(ratios), min_seeds) or ("holds" if all(x < 1 for x in ratios) else "does not hold")
-    return {"ratios": ratios, "relative_std_last": settle, "verdict": verdict}
+    return {"ratios": ratios, "relative_std_last": settle}
 
 
-def fmt(p: tuple[float, float, float]) -> str:
-    return f"{p[0]:.2f} [{p[1]:.2f}, {p[2]:.2f}]"
+def per_seed(runs, values) -> dict[str, float]:
+    return {str(r.seed): float(v) for r, v in zip(runs, values) if np.isfinite(v)}
+
+
+def gather(a: argparse.Namespace) -> dict:
+    """Per env and method, each seed's final return and early AUC beside PPO's (and refgrpo-seed's L_cal course)."""
+    out: dict = {"envs": {}}
+    for kind, folders in (("dense", a.dense), ("sparse", a.sparse)):
+        for folder in folders:
+            g = group_runs(load_run(d) for d in discover_runs([folder]))
+            for env, by_method in g.items():
+                by_method = {m: [r for r in rs if r.final_return is not None] for m, rs in by_method.items()}
+                by_method = {m: rs for m, rs in by_method.items() if rs}
+                if BASE not in by_method:
+                    continue
+                total = float(max(r.total_timesteps or r.last_step for rs in by_method.values() for r in rs))
+                data = {m: (per_seed(rs, [r.final_return for r in rs]),
+                            per_seed(rs, [run_auc(r, total, a.early_fraction) for r in rs])) for m, rs in by_method.items()}
+                out["envs"][env] = {"reward": kind, "methods": {}}
+                for m, rs in by_method.items():
+                    if m == BASE:
+                        continue
+                    rec = {"finals": data[m][0], "ppo_finals": data[BASE][0], "aucs": data[m][1],
+                           "ppo_aucs": data[BASE][1]}
+                    if rs[0].algo == "refgrpo-seed":
+                        rec["l_cal"] = lcal_trend(rs)
+                    out["envs"][env]["methods"][m] = rec
+    return out
+
+
+def relative_gains(rec: dict) -> list[float]:
+    """Each seed's final return minus PPO's mean, over |PPO's mean|: gains comparable across envs."""
+    base = float(np.mean(list(rec["ppo_finals"].values())))
+    return [(v - base) / abs(base) for v in rec["finals"].values()]
+
+
+def decide_claims(out: dict, min_seeds: int) -> dict:
+    """Every verdict from the per-seed values, by the one rule of ``reflectrl.eval.stats``, one family per table:
+    "final >= PPO" (paired by env seed, "not lower" within 5% of PPO's return), "faster early learning" (the
+    early AUC, paired), "L_cal falls" (each seed's last/first ratio against 1) and "larger gains on sparse rewards"
+    (relative gains over PPO on the sparse envs' seeds against the dense envs', unpaired)."""
+    fam: dict[str, list] = {"final": [], "early": [], "l_cal": []}
+    for e in out["envs"].values():
+        for rec in e["methods"].values():
+            f, bf, _ = by_seed(rec["finals"], rec["ppo_finals"])
+            au, ba, _ = by_seed(rec["aucs"], rec["ppo_aucs"])
+            paired = set(rec["finals"]) == set(rec["ppo_finals"])
+            rec.update(seeds=len(rec["finals"]), final_iqm=iqm(f), ppo_final_iqm=iqm(bf),
+                       p_final=list(probability_of_improvement_ci(f, bf)),
+                       early_auc_iqm=iqm(au) if len(au) else float("nan"), ppo_early_auc_iqm=iqm(ba) if len(ba) else
+                       float("nan"), p_early=list(probability_of_improvement_ci(au, ba)) if len(au) and len(ba)
+                       else [float("nan")] * 3)
+            margin = MARGIN_SHARE * abs(float(np.mean(bf)))
+            rec["final_claim"] = compare_samples(f, bf, paired=paired, margin=margin)
+            fam["final"].append((rec, "final", min(len(f), len(bf))))
+            rec["early_claim"] = compare_samples(au, ba, paired=set(rec["aucs"]) == set(rec["ppo_aucs"]))
+            fam["early"].append((rec, "early", min(len(au), len(ba))))
+            if rec.get("l_cal"):
+                r = np.array(rec["l_cal"]["ratios"], float)
+                rec["l_cal"]["claim"] = compare_samples(r, np.ones_like(r), paired=True, higher_is_better=False)
+                fam["l_cal"].append((rec["l_cal"], "l_cal", len(r)))
+    for members in fam.values():
+        enough = [(holder, key) for holder, key, n in members if n >= min_seeds]
+        for (holder, key), c in zip(enough, decide([holder[f"{key}_claim" if key != "l_cal" else "claim"]
+                                                    for holder, key in enough])):
+            holder[f"{key}_claim" if key != "l_cal" else "claim"] = c
+        for holder, key, n in members:
+            claim = holder[f"{key}_claim" if key != "l_cal" else "claim"]
+            holder["verdict" if key == "l_cal" else f"{key}_verdict"] = too_few(n, min_seeds) or claim["verdict"]
+    methods = sorted({m for e in out["envs"].values() for m in e["methods"]})
+    sparse, svd = [], {}
+    for m in methods:
+        gains = {kind: [g for e in out["envs"].values() if e["reward"] == kind and m in e["methods"]
+                        for g in relative_gains(e["methods"][m])] for kind in ("dense", "sparse")}
+        if gains["dense"] and gains["sparse"]:
+            svd[m] = {"dense_gains": gains["dense"], "sparse_gains": gains["sparse"],
+                      "claim": compare_samples(gains["sparse"], gains["dense"], paired=False)}
+            sparse.append(m)
+    enough = [m for m in sparse if svd[m]["claim"]["n"] >= min_seeds]
+    for m, c in zip(enough, decide([svd[m]["claim"] for m in enough])):
+        svd[m]["claim"] = c
+    for m in sparse:
+        svd[m]["verdict"] = too_few(svd[m]["claim"]["n"], min_seeds) or svd[m]["claim"]["verdict"]
+    out["sparse_vs_dense"] = svd
+    out["rule"] = ("one family per table, Holm at 0.05; final: paired by env seed, exact sign-flip test, 'not lower' "
+                   "within 5% of PPO's mean return (one-sided 95% t bound); early AUC: paired; L_cal: last/first "
+                   "ratio per seed against 1; sparse vs dense: relative gains, exact permutation test")
+    return out
+
+
+def fmt(p) -> str:
+    return "n/a" if not np.isfinite(p[0]) else f"{p[0]:.2f} [{p[1]:.2f}, {p[2]:.2f}]"
+
+
+def render(out: dict) -> list[str]:
+    """The tables of a decided results file (nothing read but the file)."""
+    rows = ["| env (reward) | method | seeds | final IQM: method / ppo | P(final > ppo) [95% CI] | final - ppo: mean "
+            "[95% t CI], Holm p: final >= PPO? | early AUC IQM: method / ppo | P(early AUC > ppo) [95% CI] | early AUC "
+            "- ppo [95% t CI], Holm p: faster early learning? |", "|---|---|---|---|---|---|---|---|---|"]
+    lrows = ["", "| env | method | held-out L_cal, last 20% / first 20% of updates, per seed | relative std over "
+             "the last 20% | ratio - 1 [95% t CI], Holm p: L_cal falls? |", "|---|---|---|---|---|"]
+    for env, e in out["envs"].items():
+        for m, rec in e["methods"].items():
+            rows.append(f"| {env} ({e['reward']}) | {m} | {rec['seeds']} | {rec['final_iqm']:.1f} / "
+                        f"{rec['ppo_final_iqm']:.1f} | {fmt(rec['p_final'])} | {cell(rec, 'final', 1)} | "
+                        f"{rec['early_auc_iqm']:.1f} / {rec['ppo_early_auc_iqm']:.1f} | {fmt(rec['p_early'])} | "
+                        f"{cell(rec, 'early', 1)} |")
+            t = rec.get("l_cal")
+            if t:
+                c = t["claim"]
+                lrows.append(f"| {env} | {m} | {', '.join(f'{x:.2f}' for x in t['ratios'])} | "
+                             f"{', '.join(f'{x:.2f}' for x in t['relative_std_last'])} | "
+                             f"{-c['effect']:+.2f} [{-c['ci'][1]:+.2f}, {-c['ci'][0]:+.2f}], "
+                             f"p = {c.get('p_holm', c['p']):.3g}: {t['verdict']} |")
+    printed = ["\n".join(rows)] + (["\n".join(lrows)] if len(lrows) > 3 else [])
+    srows = ["", "| method | relative gain over ppo per seed, dense envs: mean | sparse envs: mean | sparse - dense "
+             "[95% t CI], Holm p: larger gains on sparse? |", "|---|---|---|---|"]
+    for m, v in out.get("sparse_vs_dense", {}).items():
+        srows.append(f"| {m} | {np.mean(v['dense_gains']):+.3f} | {np.mean(v['sparse_gains']):+.3f} | "
+                     f"{claim_text(v['claim']) if 'p_holm' in v['claim'] else v['verdict']} |")
+    return printed + (["\n".join(srows)] if len(srows) > 3 else [])
+
+
+def cell(rec: dict, key: str, digits: int) -> str:
+    c = rec[f"{key}_claim"]
+    if "p_holm" not in c:
+        return rec[f"{key}_verdict"]
+    return claim_text(c, digits)
+
+
+def migrate(old: dict, reports: list[Path]) -> dict:
+    """A results file from before the one verdict rule, in today's layout: per-seed finals keyed by seed (its lists
+    were in seed order; the compare reports' Runs tables confirm each to the printed digit) and each run's early
+    AUC from those Runs tables (printed to 2 decimals)."""
+    runs: dict[tuple[str, str, str], tuple[float, float]] = {}
+    for rp in reports:
+        for line in rp.read_text().splitlines():
+            c = [x.strip() for x in line.strip().strip("|").split("|")]
+            if len(c) == 8 and c[2].isdigit() and c[1] and not c[0].startswith("-"):
+                try:
+                    runs[(c[0], c[1], c[2])] = (float(c[3]), float(c[4]))
+                except ValueError:
+                    continue
+    new = {"envs": {}, "migrated": "early AUCs per seed from the compare reports' Runs tables (2 decimals)"}
+    for env, e in old["envs"].items():
+        new["envs"][env] = {"reward": e["reward"], "methods": {}}
+        for m, rec in e["methods"].items():
+            if isinstance(rec["finals"], dict):
+                new["envs"][env]["methods"][m] = rec
+                continue
+            r = {}
+            for key, label, auc_key in (("finals", m, "aucs"), ("ppo_finals", BASE, "ppo_aucs")):
+                seeds = sorted((s for (ev, mm, s) in runs if ev == env and mm == label), key=int)
+                if len(seeds) != len(rec[key]):
+                    raise SystemExit(f"{env} {label}: {len(seeds)} runs in the reports, {len(rec[key])} finals")
+                for s, v in zip(seeds, rec[key]):
+                    printed = runs[(env, label, s)][0]  # the report prints 0, 1 or 2 decimals by magnitude
+                    if abs(v - printed) > (0.51 if abs(v) >= 1000 else 0.051 if abs(v) >= 100 else 0.0051):
+                        raise SystemExit(f"{env} {label} seed {s}: final {v} is not the report's {runs[(env, label, s)][0]}")
+                r[key] = {s: float(v) for s, v in zip(seeds, rec[key])}
+                r[auc_key] = {s: runs[(env, label, s)][1] for s in seeds}
+            if rec.get("l_cal"):
+                r["l_cal"] = {"ratios": rec["l_cal"]["ratios"], "relative_std_last": rec["l_cal"]["relative_std_last"]}
+            new["envs"][env]["methods"][m] = r
+    return new
 
 
 def main() -> None:
@@ -104,123 +257,24 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--md-out", type=Path, default=None, help="also write the printed tables here")
     ap.add_argument("--rerender", type=Path, default=None, metavar="JSON",
-                    help="instead of reading runs: apply the current verdict rules to a --json-out file written "
-                         "before (its P values and CIs), and write --json-out / --md-out again")
+                    help="instead of reading runs: decide and render a --json-out file written before, from its "
+                         "per-seed values")
+    ap.add_argument("--reports", type=Path, nargs="*", default=[],
+                    help="with --rerender of a file from before the one verdict rule: the compare report.md files "
+                         "whose Runs tables give each run's seed and early AUC")
     a = ap.parse_args()
-    if a.rerender is not None:
-        out = json.loads(a.rerender.read_text())
-        for e in out["envs"].values():
-            for rec in e["methods"].values():
-                if not str(rec["final_verdict"]).startswith("too few"):
-                    rec["final_verdict"] = verdict_final(tuple(rec["p_final"]))
-                if not str(rec["early_verdict"]).startswith("too few"):
-                    rec["early_verdict"] = verdict_early(tuple(rec["p_early"]))
-        write(out, rerender_rows(out), a)
-        return
-    kinds: dict[str, str] = {}
-    groups: dict[str, dict[str, list]] = {}
-    for kind, folders in (("dense", a.dense), ("sparse", a.sparse)):
-        for folder in folders:
-            g = group_runs(load_run(d) for d in discover_runs([folder]))
-            for env, by_method in g.items():
-                by_method = {m: [r for r in rs if r.final_return is not None] for m, rs in by_method.items()}
-                groups[env] = {m: rs for m, rs in by_method.items() if rs}
-                kinds[env] = kind
-    out: dict = {"envs": {}, "sparse_vs_dense": {}}
-    rows = ["| env (reward) | method | seeds | final IQM: method / ppo | P(final > ppo) [95% CI] | final >= PPO "
-            "| early AUC IQM: method / ppo | P(early AUC > ppo) [95% CI] | faster early learning |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    methods_seen: list[str] = []
-    for env, by_method in groups.items():
-        if BASE not in by_method:
-            continue
-        base_f, base_a = finals(by_method[BASE]), aucs(by_method[BASE], a.early_fraction)
-        out["envs"][env] = {"reward": kinds[env], "methods": {}}
-        for m, rs in by_method.items():
-            if m == BASE:
-                continue
-            methods_seen += [m] if m not in methods_seen else []
-            f, au = finals(rs), aucs(rs, a.early_fraction)
-            pf, pa = probability_of_improvement_ci(f, base_f), probability_of_improvement_ci(au, base_a)
-            few_f = too_few(min(len(f), len(base_f)), a.min_seeds)
-            few_a = too_few(min(len(au), len(base_a)), a.min_seeds)
-            rec = {"seeds": len(f), "final_iqm": iqm(f), "ppo_final_iqm": iqm(base_f), "p_final": pf,
-                   "final_verdict": few_f or verdict_final(pf), "early_auc_iqm": iqm(au),
-                   "ppo_early_auc_iqm": iqm(base_a), "p_early": pa, "early_verdict": few_a or verdict_early(pa),
-                   "finals": f.tolist(), "ppo_finals": base_f.tolist()}
-            if rs[0].algo == "refgrpo-seed":
-                rec["l_cal"] = lcal_trend(rs, min_seeds=a.min_seeds)
-            out["envs"][env]["methods"][m] = rec
-            rows.append(f"| {env} ({kinds[env]}) | {m} | {len(f)} | {rec['final_iqm']:.1f} / {rec['ppo_final_iqm']:.1f} "
-                        f"| {fmt(pf)} | {rec['final_verdict']} | {rec['early_auc_iqm']:.1f} / "
-                        f"{rec['ppo_early_auc_iqm']:.1f} | {fmt(pa)} | {rec['early_verdict']} |")
-    printed = ["\n".join(rows)]
-    lrows = ["", "| env | method | held-out L_cal, last 20% / first 20% of updates, per seed | relative std over "
-             "the last 20% | L_cal falls |", "|---|---|---|---|---|"]
-    for env, e in out["envs"].items():
-        for m, rec in e["methods"].items():
-            t = rec.get("l_cal")
-            if t:
-                lrows.append(f"| {env} | {m} | {', '.join(f'{x:.2f}' for x in t['ratios'])} | "
-                             f"{', '.join(f'{x:.2f}' for x in t['relative_std_last'])} | {t['verdict']} |")
-    if len(lrows) > 3:
-        printed.append("\n".join(lrows))
-    srows = ["", "| method | mean P(final > ppo), dense envs [95% CI] | sparse envs [95% CI] | larger gains on sparse |",
-             "|---|---|---|---|"]
-    for m in methods_seen:
-        per = {}
-        for kind in ("dense", "sparse"):
-            envs = [e for e, rec in out["envs"].items() if rec["reward"] == kind and m in rec["methods"]]
-            if envs:
-                xs = [out["envs"][e]["methods"][m]["finals"] for e in envs]
-                ys = [out["envs"][e]["methods"][m]["ppo_finals"] for e in envs]
-                per[kind] = mean_probability_of_improvement_ci(xs, ys)
-        if "dense" in per and "sparse" in per:
-            d, s = per["dense"], per["sparse"]
-            n = min(min(len(rec["methods"][m]["finals"]), len(rec["methods"][m]["ppo_finals"]))
-                    for rec in out["envs"].values() if m in rec["methods"])
-            v = too_few(n, a.min_seeds) or (
-                "holds" if s[0] > 0.5 and s[1] > 0.5 and s[0] > d[0] else
-                "does not hold" if s[0] <= d[0] or s[0] <= 0.5 else "not resolved")
-            out["sparse_vs_dense"][m] = {"dense": d, "sparse": s, "verdict": v}
-            srows.append(f"| {m} | {fmt(d)} | {fmt(s)} | {v} |")
-    if len(srows) > 3:
-        printed.append("\n".join(srows))
-    write(out, printed, a)
+    out = migrate(json.loads(a.rerender.read_text()), a.reports) if a.rerender is not None else gather(a)
+    write(decide_claims(out, a.min_seeds), a)
 
 
-def write(out: dict, printed: list[str], a: argparse.Namespace) -> None:
+def write(out: dict, a: argparse.Namespace) -> None:
+    printed = render(out)
     print("\n".join(printed))
     if a.md_out:
         a.md_out.write_text("\n".join(printed) + "\n")
     if a.json_out:
         a.json_out.parent.mkdir(parents=True, exist_ok=True)
         a.json_out.write_text(json.dumps(out, indent=2))
-
-
-def rerender_rows(out: dict) -> list[str]:
-    """The tables of a results file (the same layout as a fresh run writes)."""
-    rows = ["| env (reward) | method | seeds | final IQM: method / ppo | P(final > ppo) [95% CI] | final >= PPO "
-            "| early AUC IQM: method / ppo | P(early AUC > ppo) [95% CI] | faster early learning |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    lrows = ["", "| env | method | held-out L_cal, last 20% / first 20% of updates, per seed | relative std over "
-             "the last 20% | L_cal falls |", "|---|---|---|---|---|"]
-    for env, e in out["envs"].items():
-        for m, rec in e["methods"].items():
-            rows.append(f"| {env} ({e['reward']}) | {m} | {rec['seeds']} | {rec['final_iqm']:.1f} / "
-                        f"{rec['ppo_final_iqm']:.1f} | {fmt(rec['p_final'])} | {rec['final_verdict']} | "
-                        f"{rec['early_auc_iqm']:.1f} / {rec['ppo_early_auc_iqm']:.1f} | {fmt(rec['p_early'])} | "
-                        f"{rec['early_verdict']} |")
-            t = rec.get("l_cal")
-            if t:
-                lrows.append(f"| {env} | {m} | {', '.join(f'{x:.2f}' for x in t['ratios'])} | "
-                             f"{', '.join(f'{x:.2f}' for x in t['relative_std_last'])} | {t['verdict']} |")
-    printed = ["\n".join(rows)] + (["\n".join(lrows)] if len(lrows) > 3 else [])
-    srows = ["", "| method | mean P(final > ppo), dense envs [95% CI] | sparse envs [95% CI] | larger gains on sparse |",
-             "|---|---|---|---|"]
-    for m, v in out.get("sparse_vs_dense", {}).items():
-        srows.append(f"| {m} | {fmt(v['dense'])} | {fmt(v['sparse'])} | {v['verdict']} |")
-    return printed + (["\n".join(srows)] if len(srows) > 3 else [])
 
 
 if __name__ == "__main__":

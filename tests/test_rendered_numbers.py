@@ -14,3 +14,17 @@ def test_readme_summary_is_rendered_from_results():
                          text=True, check=True).stdout.strip()
     block = re.search(r"<!-- summary -->\n(.*?)\n<!-- /summary -->", (ROOT / "README.md").read_text(), re.DOTALL)
     assert block is not None and block.group(1).strip() == out
+
+
+def test_benchmarks_md_is_rendered_from_results():
+    """BENCHMARKS.md equals what benchmarks/render_all.py makes of BENCHMARKS.in.md and benchmarks/results/ now."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import render_all
+    finally:
+        sys.path.pop(0)
+    fresh = render_all.benchmarks_text().splitlines()
+    committed = (ROOT / "BENCHMARKS.md").read_text().splitlines()
+    drift = [(i + 1, a, b) for i, (a, b) in enumerate(zip(committed, fresh)) if a != b]
+    assert not drift and len(fresh) == len(committed), \
+        f"BENCHMARKS.md is not a fresh render (python benchmarks/render_all.py): first difference {drift[:1]}"

@@ -1,6 +1,7 @@
 """benchmarks/llm_claims.py: the unpaired verdicts and the paired reading, on synthetic eval.json files."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -27,9 +28,10 @@ def _write(root: Path, method: str, accs: list[float], ece: float) -> None:
     _write_evals(root, "arith", method, [{"accuracy": a, "ece": ece, "auroc": 0.5, "coverage": 1.0} for a in accs])
 
 
-def test_pairing_narrows_a_level_verdict(claims, tmp_path, monkeypatch, capsys):
-    """Seeds that differ from each other by more than the method's constant +0.02 per pair: unpaired, P(better) is
-    level; paired, every difference is +0.02, so the paired reading says better. The ECE is equal: level both ways."""
+def test_accuracy_not_lower_needs_its_margin_and_pairing(claims, tmp_path, monkeypatch, capsys):
+    """Seeds that differ from each other far more than the method's constant +0.02 per pair: unpaired, P(better)
+    straddles 0.5; paired, every difference is +0.02, so the one-sided bound clears the 2-point margin: "not
+    lower". Five pairs can never be "better" (the exact sign-flip p is 2/32 at best). The ECE is equal: inconclusive."""
     base = [0.1, 0.3, 0.5, 0.7, 0.9]
     _write(tmp_path, "grpo", base, 0.2)
     _write(tmp_path, "m", [a + 0.02 for a in base], 0.2)
@@ -40,22 +42,32 @@ def test_pairing_narrows_a_level_verdict(claims, tmp_path, monkeypatch, capsys):
     text = capsys.readouterr().out
     res = json.loads(out.read_text())["methods"]["m"]
     acc = res["metrics"]["accuracy"]
-    assert res["verdicts"]["accuracy"] == "holds"  # "not lower": holds unless the CI lies below 0.5
+    assert res["verdicts"]["accuracy"] == "not lower"
     assert acc["p_better"][1] < 0.5 < acc["p_better"][2]  # unpaired: the CI straddles 0.5
-    assert acc["paired_diff"][0] == pytest.approx(0.02) and acc["paired_diff"][1] == pytest.approx(0.02)
-    assert claims.paired_verdict(acc, "accuracy", 3) == "better"
-    assert claims.paired_verdict(res["metrics"]["ece"], "ece", 3) == "level"
+    assert acc["claim"]["effect"] == pytest.approx(0.02) and acc["claim"]["p"] == pytest.approx(2 / 32)
+    assert res["verdicts"]["ece"] == "inconclusive (5 seeds)"
     assert acc["per_seed"]["3"] == pytest.approx([0.52, 0.5])
-    assert "+0.020 [+0.020, +0.020]: better" in text
-    assert claims.paired_verdict({"n": 2, "paired_diff": [0.1, 0.1, 0.1]}, "accuracy", 3) == "too few seeds (2)"
-    # lower is better for ECE: a paired CI entirely below 0 is better, entirely above is worse
-    assert claims.paired_verdict({"n": 5, "paired_diff": [-0.1, -0.2, -0.05]}, "ece", 3) == "better"
-    assert claims.paired_verdict({"n": 5, "paired_diff": [0.1, 0.05, 0.2]}, "ece", 3) == "worse"
+    assert re.search(r"\| accuracy \(higher is better\) \| \+0\.020 \[\+0\.020, \+0\.020\], p = [0-9.]+: not lower \|", text)
+
+
+def test_a_loss_is_not_lower_and_ten_seeds_decide(claims, tmp_path, monkeypatch, capsys):
+    """An accuracy 5 points below the baseline in every pair is never "not lower"; at ten pairs it is "worse"
+    (p = 2/1024, Holm over the table's claims), and an ECE 0.1 lower in every pair "better"."""
+    base = [0.1 + 0.07 * i for i in range(10)]
+    _write_evals(tmp_path, "arith", "grpo", [{"accuracy": a, "ece": 0.3 + 0.01 * i} for i, a in enumerate(base)])
+    _write_evals(tmp_path, "arith", "m", [{"accuracy": a - 0.05, "ece": 0.2 + 0.01 * i} for i, a in enumerate(base)])
+    out = tmp_path / "c.json"
+    monkeypatch.setattr(sys, "argv", ["llm_claims.py", "--out", str(tmp_path), "--task", "arith", "--methods", "m",
+                                      "--json-out", str(out)])
+    claims.main()
+    res = json.loads(out.read_text())["methods"]["m"]
+    assert res["verdicts"]["accuracy"] == "worse" and res["verdicts"]["ece"] == "better"
+    assert res["metrics"]["accuracy"]["claim"]["p_holm"] == pytest.approx(2 * 2 / 1024)
 
 
 def test_task_metrics_only_where_present(claims, tmp_path, monkeypatch, capsys):
     """rag's premature-answer rate (lower is better) gets a verdict row; searches per episode (no better direction)
-    only means and the paired reading; an arith-like run without them gets neither row."""
+    only means and the paired difference; an arith-like run without them gets neither row."""
     for method, prem, calls in (("grpo", [0.4, 0.5, 0.6], [1.0, 1.2, 1.4]), ("m", [0.2, 0.3, 0.4], [1.5, 1.7, 1.9])):
         _write_evals(tmp_path, "rag", method,
                      [{"accuracy": 0.3, "premature_rate": p, "tool_calls": c} for p, c in zip(prem, calls)])
@@ -65,16 +77,17 @@ def test_task_metrics_only_where_present(claims, tmp_path, monkeypatch, capsys):
     claims.main()
     text = capsys.readouterr().out
     res = json.loads(out.read_text())["methods"]["m"]
-    assert res["metrics"]["premature_rate"]["paired_diff"][0] == pytest.approx(-0.2)
+    assert res["metrics"]["premature_rate"]["claim"]["effect"] == pytest.approx(0.2)  # oriented: lower is better
     assert "premature_rate" in res["verdicts"] and "tool_calls" not in res["verdicts"]
-    assert claims.paired_verdict(res["metrics"]["premature_rate"], "premature_rate", 3) == "better"
-    assert claims.paired_verdict(res["metrics"]["tool_calls"], "tool_calls", 3) == "higher"
-    assert "| tool_calls (no better direction) | +0.500 [+0.500, +0.500]: higher |" in text
+    assert res["verdicts"]["premature_rate"] == "inconclusive (3 seeds)"
+    assert "| premature_rate (lower is better) | -0.200 [-0.200, -0.200], p = " in text
+    assert "| tool_calls (no better direction) | +0.500 [+0.500, +0.500] |" in text
     assert "step_ece" not in text
 
 
 def test_per_step_auroc_rows_and_self_knowledge(claims, tmp_path, monkeypatch, capsys):
-    """step_auroc (higher is better) gets a row, a paired row and a self-knowledge column where runs have it."""
+    """step_auroc (higher is better) gets a row, a paired row and a self-knowledge column where runs have it; the
+    self-knowledge checks use each seed's value (three seeds decide nothing: 0.8 on average is inconclusive)."""
     _write_evals(tmp_path, "rag", "grpo", [{"accuracy": 0.3, "step_auroc": a, "step_ece": 0.4} for a in (0.5, 0.5, 0.5)])
     _write_evals(tmp_path, "rag", "m", [{"accuracy": 0.3, "step_auroc": a, "step_ece": 0.2} for a in (0.7, 0.8, 0.9)])
     out = tmp_path / "c.json"
@@ -83,13 +96,27 @@ def test_per_step_auroc_rows_and_self_knowledge(claims, tmp_path, monkeypatch, c
     claims.main()
     text = capsys.readouterr().out
     res = json.loads(out.read_text())
-    assert res["methods"]["m"]["metrics"]["step_auroc"]["paired_diff"][0] == pytest.approx(0.3)
-    assert claims.paired_verdict(res["methods"]["m"]["metrics"]["step_auroc"], "step_auroc", 3) == "better"
+    assert res["methods"]["m"]["metrics"]["step_auroc"]["claim"]["effect"] == pytest.approx(0.3)
     assert "| step_auroc (higher is better) | +0.300" in text and "| step_auroc | higher |" in text
     sk = res["self_knowledge"]
-    assert sk["m"]["step_auroc"]["verdict"] == "holds" and sk["m"]["step_auroc"]["mean"] == pytest.approx(0.8)
-    assert sk["grpo"]["step_auroc"]["verdict"] == "level (within noise)"  # 0.5 exactly: not above
-    assert "mean per-step AUROC [95% CI] (> 0.5?)" in text
+    assert sk["m"]["step_auroc"]["per_seed"] == {"1": 0.7, "2": 0.8, "3": 0.9}
+    assert sk["m"]["step_auroc"]["mean"] == pytest.approx(0.8) and sk["m"]["step_auroc"]["p"] == pytest.approx(0.25)
+    assert sk["m"]["step_auroc"]["verdict"] == "inconclusive (3 seeds)"
+    assert "mean per-step AUROC [95% t CI], Holm p (> 0.5?)" in text
+
+
+def test_rerender_equals_the_first_render(claims, tmp_path, monkeypatch, capsys):
+    """A results file decided and rendered again from its per-seed values alone gives the same tables."""
+    _write(tmp_path, "grpo", [0.1, 0.3, 0.5, 0.7], 0.2)
+    _write(tmp_path, "m", [0.2, 0.3, 0.6, 0.7], 0.1)
+    out, md = tmp_path / "c.json", tmp_path / "c.md"
+    monkeypatch.setattr(sys, "argv", ["llm_claims.py", "--out", str(tmp_path), "--task", "arith", "--methods", "m",
+                                      "--json-out", str(out), "--md-out", str(md)])
+    claims.main()
+    first = md.read_text()
+    monkeypatch.setattr(sys, "argv", ["llm_claims.py", "--rerender", str(out), "--json-out", str(out), "--md-out", str(md)])
+    claims.main()
+    assert md.read_text() == first
 
 
 def test_warmup_table_from_the_comparison_models(claims, tmp_path, monkeypatch, capsys):

@@ -16,7 +16,11 @@ import numpy as np
 
 from .report import _est, _num, _ordered
 from .rundata import RunData, load_run
-from .stats import bootstrap_ci, early_auc, iqm_ci, probability_of_improvement_ci
+from .stats import (by_seed, bootstrap_ci, claim_text, compare_samples, decide, early_auc, iqm_ci,
+                    probability_of_improvement_ci)
+
+ACCURACY_MARGIN = 0.02
+"""Non-inferiority margin of held-out accuracy: 2 accuracy points."""
 
 CALIBRATION = (("ece", "ECE"), ("brier", "Brier"), ("auroc", "AUROC"), ("reflection_accuracy", "reflection acc."),
                ("best_constant", "best constant"), ("underconfidence", "underconf."), ("overconfidence", "overconf."),
@@ -43,6 +47,24 @@ def _mean_ci(x: np.ndarray, reps: int) -> str:
     return f"{float(np.mean(x)):.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+def accuracy_verdicts(by_method: dict[str, list[RunData]], baseline: str) -> dict[str, dict]:
+    """Each method's held-out accuracy against the baseline's, by the one verdict rule
+    (:func:`reflectrl.eval.stats.decide`, Holm over the task's methods): paired by seed (the same warmed-up model
+    per seed) when both ran the same seeds, with a non-inferiority margin of :data:`ACCURACY_MARGIN`."""
+    def accs(rs: list[RunData]) -> dict:
+        return {(r.seed if r.seed is not None else str(r.run_dir)): _value(r, "accuracy") for r in rs}
+
+    base = accs(by_method.get(baseline, []))
+    names, claims = [], []
+    for method, rs in by_method.items():
+        if method == baseline or not base or not rs:
+            continue
+        a, b, paired = by_seed(accs(rs), base)
+        names.append(method)
+        claims.append(compare_samples(a, b, paired=paired, margin=ACCURACY_MARGIN))
+    return dict(zip(names, decide(claims)))
+
+
 def task_tables(task: str, by_method: dict[str, list[RunData]], methods: Sequence[str], early_fraction: float,
                 reps: int) -> list[str]:
     """The two tables of one task: accuracy and calibration."""
@@ -54,14 +76,18 @@ def task_tables(task: str, by_method: dict[str, list[RunData]], methods: Sequenc
     lines = [f"## {task}", "", f"{updates} updates per run; held-out accuracy greedy; training accuracy over the "
              f"first {early_fraction:.0%} of sampled completions for the early AUC.", "",
              f"| method | runs | held-out accuracy, IQM [95% CI] | P(method > {baseline}) [95% CI] | "
-             "early AUC of training accuracy, IQM [95% CI] |", "|---|---|---|---|---|"]
+             f"accuracy - {baseline}: mean [95% t CI], Holm p: verdict | "
+             "early AUC of training accuracy, IQM [95% CI] |", "|---|---|---|---|---|---|"]
+    verdicts = accuracy_verdicts(by_method, baseline)
     for method in _ordered(by_method, methods):
         rs = by_method[method]
         acc = _finite(_value(r, "accuracy") for r in rs)
         aucs = _finite(early_auc(*r.series(TRAIN_ACCURACY), total, early_fraction) for r in rs)
         poi = "(baseline)" if method == baseline else (
             _est(*probability_of_improvement_ci(acc, base, **kw)) if len(acc) and len(base) else "n/a")
-        lines.append(f"| {method} | {len(acc)} | {_est(*iqm_ci(acc, **kw))} | {poi} | {_est(*iqm_ci(aucs, **kw))} |")
+        claim = claim_text(verdicts[method]) if method in verdicts else "(baseline)" if method == baseline else "n/a"
+        lines.append(f"| {method} | {len(acc)} | {_est(*iqm_ci(acc, **kw))} | {poi} | {claim} | "
+                     f"{_est(*iqm_ci(aucs, **kw))} |")
     lines += ["", "Calibration of the self-reports asked after each held-out answer (mean over seeds [95% bootstrap "
               "CI]); ECE and Brier: lower is better; AUROC > 0.5: the confidences rank right answers above wrong "
               "ones; reflection accuracy beats guessing only above the best constant.", "",
@@ -153,6 +179,11 @@ def write_llm_outputs(out: Path, specs: Sequence[Any], results: Sequence[dict], 
               "- IQM: the mean of the middle half of the seeds' values; CIs: 95% percentile bootstrap over seeds.",
               "- P(method > baseline): the probability that a random seed of the method beats a random seed of the "
               "baseline (ties count one half), with a bootstrap CI.",
+              "- Verdict (accuracy - baseline): the one rule of `reflectrl.eval.stats` (docs/compare.md, \"How "
+              "verdicts are decided\"): paired by seed when both methods ran the same seeds (exact sign-flip test), "
+              "else unpaired (exact permutation test); Student's t interval; \"better\"/\"worse\" only when the "
+              "p-value, Holm-corrected over the task's methods, is below 0.05; \"not lower\" when the one-sided 95% "
+              "lower bound lies above -0.02 (2 accuracy points); otherwise \"inconclusive (n seeds)\".",
               "- ECE: 10 equal-width confidence bins, |accuracy - mean confidence| weighted by the bins' shares; "
               "Brier: mean (q - correct)^2; AUROC: of the stated confidence as a score for correctness.",
               "- Reflection accuracy P(reflection = outcome); best constant: max(accuracy, 1 - accuracy); "

@@ -11,7 +11,11 @@ from typing import Sequence
 import numpy as np
 
 from .rundata import EPISODIC_RETURN, RunData, group_runs
-from .stats import early_auc, iqm_ci, mean_probability_of_improvement_ci, probability_of_improvement_ci
+from .stats import (by_seed, claim_text, compare_samples, decide, early_auc, iqm_ci, mean_probability_of_improvement_ci,
+                    probability_of_improvement_ci)
+
+MARGIN_SHARE = 0.05
+"""Non-inferiority margin of a control comparison: 5% of the magnitude of the baseline's mean final return."""
 
 
 @dataclass
@@ -84,6 +88,29 @@ def _wall(runs: Sequence[RunData]) -> str:
     return f"{_num(proc, 1)}{plus}" + (f" ({_num(loop, 1)}{plus})" if loop is not None else "")
 
 
+def final_verdicts(by_method: dict[str, list[RunData]], baseline: str) -> dict[str, dict]:
+    """Each method's final return against the baseline's in one env, decided by the one verdict rule
+    (:func:`reflectrl.eval.stats.decide`, Holm over the env's methods): paired by env seed when both ran the same
+    seeds, with a non-inferiority margin of :data:`MARGIN_SHARE` of the baseline's mean return."""
+    def finals_of(rs: list[RunData]) -> dict:
+        return {(r.seed if r.seed is not None else str(r.run_dir)): r.final_return for r in rs
+                if r.final_return is not None}
+
+    base = finals_of(by_method.get(baseline, []))
+    if not base:
+        return {}
+    margin = MARGIN_SHARE * abs(float(np.mean(list(base.values()))))
+    names, claims = [], []
+    for method, rs in by_method.items():
+        x = finals_of(rs)
+        if method == baseline or not x:
+            continue
+        a, b, paired = by_seed(x, base)
+        names.append(method)
+        claims.append(compare_samples(a, b, paired=paired, margin=margin))
+    return dict(zip(names, decide(claims)))
+
+
 def env_table(env: str, by_method: dict[str, list[RunData]], opts: ReportOptions) -> list[str]:
     """The markdown table of one env."""
     kw = dict(confidence=opts.confidence, n_resamples=opts.n_resamples, engine=opts.engine)
@@ -91,9 +118,11 @@ def env_table(env: str, by_method: dict[str, list[RunData]], opts: ReportOptions
     base = _finals(by_method.get(opts.baseline, []))
     pct = f"{opts.early_fraction:.0%}"
     head = (f"| method | runs | final return, IQM [95% CI] | P(method > {opts.baseline}) [95% CI] | "
+            f"final return - {opts.baseline}: mean [95% t CI], Holm p: verdict | "
             f"early AUC (first {pct} of steps), IQM [95% CI] | wall time per run, s: process (training loop) |")
     lines = [f"## {env}", "", f"{int(total) if math.isfinite(total) else '?'} environment steps per run.", "",
-             head, "|---|---|---|---|---|---|"]
+             head, "|---|---|---|---|---|---|---|"]
+    verdicts = final_verdicts(by_method, opts.baseline)
     window_points = []
     for method in _ordered(by_method, opts.methods):
         rs = by_method[method]
@@ -107,7 +136,9 @@ def env_table(env: str, by_method: dict[str, list[RunData]], opts: ReportOptions
             poi = _est(*probability_of_improvement_ci(finals, base, **kw))
         else:
             poi = "n/a"
-        lines.append(f"| {method} | {len(finals)} | {_est(*iqm_ci(finals, **kw))} | {poi} | "
+        claim = claim_text(verdicts[method], _digits(float(np.mean(base))) if len(base) else 2) \
+            if method in verdicts else "(baseline)" if method == opts.baseline else "n/a"
+        lines.append(f"| {method} | {len(finals)} | {_est(*iqm_ci(finals, **kw))} | {poi} | {claim} | "
                      f"{_est(*iqm_ci(aucs, **kw))} | {_wall(rs)} |")
     if window_points and np.median(window_points) < 3:
         lines += ["", f"Note: the first {pct} of steps hold a median of {int(np.median(window_points))} logged "
@@ -174,6 +205,13 @@ DEFINITIONS = """## Definitions
   counting ties as one half: U / (m n) with U the Mann-Whitney statistic of X's m final returns over Y's n.
   0.5 means no difference; 1 means every run of X beat every run of Y. The CI resamples X's and Y's seeds
   independently.
+- **Verdict** (final return - baseline): decided by the one rule of `reflectrl.eval.stats` (docs/compare.md,
+  "How verdicts are decided"). Runs are paired by env seed when both methods ran the same seeds (the exact
+  sign-flip test over all 2^n sign patterns), else compared unpaired (an exact permutation test of the
+  difference in means); the interval is Student's t (Welch's when unpaired). "better" or "worse" only when
+  the p-value, Holm-corrected over the methods of the env, is below 0.05; "not lower" when the one-sided 95%
+  lower bound of the difference lies above minus 5% of the baseline's mean return; otherwise
+  "inconclusive (n seeds)". Five paired seeds can never reach p < 0.05 (the smallest exact p is 2/32).
 - **Early AUC** of a run: the mean of its training curve over the first {pct} of the steps budget T, i.e.
   (1 / (f T)) ∫₀^(f T) R(t) dt with f = {fraction}. R(t) is `charts/episodic_return` from `metrics.jsonl` (the
   mean return of the training episodes that ended in the update logged at step t), linearly interpolated on

@@ -314,3 +314,22 @@ def decide(claims: list[dict], alpha: float = ALPHA) -> list[dict]:
             c["verdict"] = f"inconclusive ({c['n']} seeds)"
         out.append(c)
     return out
+
+
+def by_seed(x: dict, y: dict) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Two sides of a claim as ``{seed: value}``: paired by seed (the same env seed or the same warmed-up model per
+    pair) when both ran exactly the same seeds, else two independent samples. NaNs are left out (with their pair)."""
+    if set(x) == set(y) and x:
+        keys = sorted(x, key=str)
+        a, b = np.array([x[k] for k in keys], float), np.array([y[k] for k in keys], float)
+        ok = np.isfinite(a) & np.isfinite(b)
+        return a[ok], b[ok], True
+    a, b = np.array(list(x.values()), float), np.array(list(y.values()), float)
+    return a[np.isfinite(a)], b[np.isfinite(b)], False
+
+
+def claim_text(c: dict, digits: int = 3) -> str:
+    """One decided claim in a table cell: ``effect [95% CI], p = (Holm) -> verdict``."""
+    eff, (lo, hi) = c["effect"], c["ci"]
+    ci = f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if np.isfinite(lo) and np.isfinite(hi) else ""
+    return f"{eff:+.{digits}f}{ci}, p = {c['p_holm']:.3g}: {c['verdict']}"

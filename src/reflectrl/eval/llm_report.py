@@ -16,8 +16,7 @@ import numpy as np
 
 from .report import _est, _num, _ordered
 from .rundata import RunData, load_run
-from .stats import (by_seed, bootstrap_ci, claim_text, compare_samples, decide, early_auc, iqm_ci,
-                    probability_of_improvement_ci)
+from .stats import bootstrap_ci, by_seed, claim_text, compare_samples, decide, early_auc, iqm_ci, probability_of_improvement_ci
 
 ACCURACY_MARGIN = 0.02
 """Non-inferiority margin of held-out accuracy: 2 accuracy points."""

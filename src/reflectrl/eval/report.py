@@ -11,8 +11,16 @@ from typing import Sequence
 import numpy as np
 
 from .rundata import EPISODIC_RETURN, RunData, group_runs
-from .stats import (by_seed, claim_text, compare_samples, decide, early_auc, iqm_ci, mean_probability_of_improvement_ci,
-                    probability_of_improvement_ci)
+from .stats import (
+    by_seed,
+    claim_text,
+    compare_samples,
+    decide,
+    early_auc,
+    iqm_ci,
+    mean_probability_of_improvement_ci,
+    probability_of_improvement_ci,
+)
 
 MARGIN_SHARE = 0.05
 """Non-inferiority margin of a control comparison: 5% of the magnitude of the baseline's mean final return."""

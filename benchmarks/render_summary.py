@@ -1,7 +1,12 @@
 """The "In short" paragraph of README.md, every number read from benchmarks/results/ (render_all.py puts it
 between the README's ``<!-- summary -->`` markers).
 
-    python benchmarks/render_summary.py        # prints the paragraph
+    python benchmarks/render_summary.py           # prints the claims table and the paragraph (README.md)
+    python benchmarks/render_summary.py --table   # the claims table alone, linking inside BENCHMARKS.md
+
+The table has one row per method and task or env: its effect against its baseline with Student's t 95%
+interval and the verdict of the one rule (docs/compare.md, "How verdicts are decided"), read from the claims
+results files, losses and wins alike.
 """
 
 from __future__ import annotations
@@ -35,23 +40,57 @@ def report_row(name: str, method: str) -> list[str] | None:
     return None
 
 
-def seed_verdicts(claims: dict) -> str:
-    """Per method: the envs where its final return ends level with, above or below PPO."""
-    parts = []
-    by_method: dict[str, dict[str, list[str]]] = {}
-    for env, e in claims["envs"].items():
+SECTIONS = {"seed": "The seed's claims",
+            "arith16": "Reflection and calibration on arith (refgrpo, rlcr, refgrpo-seed against GRPO)",
+            "arith13": "Reflection and calibration on arith (refgrpo, rlcr, refgrpo-seed against GRPO)",
+            "text2sql13": "Reflection on text2sql (refgrpo against GRPO, multi-turn)",
+            "gear": "Finer credit from self-distillation (gear-seed, gear against GRPO)",
+            "exgrpo": "Learning from experience (exgrpo against Dr.GRPO, exgrpo-seed against GRPO)",
+            "rag": "The search agent (rag: GRPO, refgrpo-seed per turn, refgrpo, rlcr)"}
+HEADLINE = (  # (results file, method, section): each method's comparison on each task at its current recipe
+    ("llm_claims_arith16.json", "refgrpo", "arith16"), ("llm_claims_arith16.json", "rlcr", "arith16"),
+    ("llm_claims_arith13.json", "refgrpo-seed", "arith13"), ("llm_claims_arith14.json", "gear-seed", "gear"),
+    ("llm_claims_arith14gear.json", "gear", "gear"), ("llm_claims_arith15.json", "exgrpo", "exgrpo"),
+    ("llm_claims_text2sql13.json", "refgrpo", "text2sql13"), ("llm_claims_codegen14.json", "gear-seed", "gear"),
+    ("llm_claims_codegen14.json", "gear", "gear"), ("llm_claims_codegen15.json", "exgrpo", "exgrpo"),
+    ("llm_claims_rag_steps_recipe.json", "refgrpo-seed", "rag"), ("llm_claims_rag.json", "rlcr", "rag"),
+    ("llm_claims_rag_steps.json", "refgrpo", "rag"), ("llm_claims_rag_steps.json", "rlcr-steps", "rag"))
+
+
+def anchor(title: str) -> str:
+    """GitHub's anchor of a heading."""
+    return "#" + re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-")
+
+
+def effect_cell(claim: dict | None, lower_is_better: bool = False, digits: int = 3) -> str:
+    """The raw difference (method - baseline) with its t interval, then the verdict."""
+    if not claim or "p_holm" not in claim:
+        return "n/a | n/a"
+    sign = -1.0 if lower_is_better else 1.0
+    lo, hi = sorted(sign * v for v in claim["ci"])
+    return f"{sign * claim['effect']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] | **{claim['verdict']}**"
+
+
+def claims_table(prefix: str) -> list[str]:
+    """One row per method and task or env, each linking to its BENCHMARKS.md section (``prefix`` + anchor)."""
+    rows = ["| method | task or env | against | seeds | accuracy or final return: method - baseline [95% CI] | "
+            "verdict | ECE or early AUC: method - baseline [95% CI] | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for name, method, sec in HEADLINE:
+        res = load(name)
+        if not res or method not in res["methods"]:
+            continue
+        mets = res["methods"][method]["metrics"]
+        link = f"[{method}]({prefix}{anchor(SECTIONS[sec])})"
+        rows.append(f"| {link} | {res['task']} | {res['baseline']} | {len(res['methods'][method]['seeds'])} | "
+                    f"{effect_cell(mets['accuracy'].get('claim'))} | "
+                    f"{effect_cell(mets.get('ece', {}).get('claim'), lower_is_better=True)} |")
+    seed = load("seed_claims.json")
+    for env, e in (seed or {}).get("envs", {}).items():
         for m, rec in e["methods"].items():
-            p, lo, hi = rec["p_final"]
-            side = "above" if lo > 0.5 else "below" if hi < 0.5 else "level with"
-            by_method.setdefault(m, {}).setdefault(side, []).append(f"{env} (P = {p:.2f} [{lo:.2f}, {hi:.2f}])"
-                                                                   if side != "level with" else env)
-    for m, sides in by_method.items():
-        parts.append(f"{m} ends " + "; ".join(f"{side} PPO on {', '.join(envs)}" for side, envs in sides.items()))
-    return "; ".join(parts)
-
-
-def early_none(claims: dict) -> bool:
-    return all(rec["early_verdict"] != "holds" for e in claims["envs"].values() for rec in e["methods"].values())
+            link = f"[{m}]({prefix}{anchor(SECTIONS['seed'])})"
+            rows.append(f"| {link} | {env} | ppo | {rec['seeds']} | {effect_cell(rec['final_claim'], digits=1)} | "
+                        f"{effect_cell(rec['early_claim'], digits=1)} |")
+    return rows
 
 
 def llm_learn_results(task: str, variant: str | None = None) -> list[dict]:
@@ -80,19 +119,6 @@ def main() -> None:
                    f"{speed['ratio_median']:.1f}x faster than CleanRL's loop"
                    + (f" ({whole['ratio_median']:.1f}x as whole processes, start-up and logging included)"
                       if (whole := load("ppo_process_speed.json")) else ""))
-    claims = load("seed_claims.json")
-    if claims:
-        out.append("of the seed methods (1M steps, 5 seeds each), " + seed_verdicts(claims))
-        if early_none(claims):
-            out.append("none learns faster early beyond noise")
-    rank = report_row("compare_lander_rank.md", "gear-rank")
-    if rank:
-        m = re.match(r"([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", rank[3])
-        if m:
-            p, lo, hi = (float(x) for x in m.groups())
-            side = "above" if lo > 0.5 else "below" if hi < 0.5 else "level with"
-            out.append(f"gear-seed with its optional ranking loss ends {side} PPO on LunarLander-v3 "
-                       f"(P = {p:.2f} [{lo:.2f}, {hi:.2f}])")
     arith, codegen = llm_gains("arith"), llm_gains("codegen")
     thr = load("llm_throughput.json")
     if arith and codegen:
@@ -107,7 +133,8 @@ def main() -> None:
         met = sum(g >= 15 for g in gains)
         beyond = sum(gain_interval(r)[0] >= 15 for r in llm_learn_results("rag"))
         out.append(f"on the rag search task it raises held-out accuracy by {rag[0]:+.0f} to {rag[1]:+.0f} points "
-                   f"({rag[2]} seeds, the same budget; the 15-point bar is met in {met} of {len(gains)}, {beyond} beyond noise"
+                   f"({rag[2]} seeds, the same budget; the 15-point bar is met in {met} of {len(gains)}, in {beyond} with the lower end of its 95% "
+                   "interval above it"
                    + ("; BENCHMARKS.md shows where the seeds below it fail)" if met < len(gains) else ")"))
         again = llm_gain_list("rag", "recipe again, every held-out problem")
         if again:
@@ -132,7 +159,12 @@ def main() -> None:
     if demo:
         out.append(f"`make demo` took {demo['wall_s']:.0f} s on {demo['cpus']} cores, after set-up")
     text = "; ".join(out) + "."
-    print("In short: " + text[0].lower() + text[1:] if text[:3] != "PPO" else "In short: " + text)
+    if "--table" in sys.argv[1:]:
+        print("\n".join(claims_table("")))
+        return
+    print("\n".join(claims_table("BENCHMARKS.md")))
+    print()
+    print("Also: " + text)
 
 
 if __name__ == "__main__":

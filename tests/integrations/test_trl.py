@@ -86,3 +86,20 @@ def test_dataset_rows_and_the_collapse_alarm():
     assert R.calibration_of(same)["calibration/collapse"] == 1.0
     varied = [dict(r, confidence=0.1 + 0.1 * i) for i, r in enumerate(same)]
     assert R.calibration_of(varied)["calibration/collapse"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_example_on_the_real_model(tmp_path):
+    """The example with SmolLM2-135M-Instruct through its chat template and a LoRA adapter, one step: TRL trains it
+    and the callback logs the calibration of its completions (skipped where the model's package is missing)."""
+    from reflectrl.errors import ConfigError
+    from reflectrl.llm.models import resolve_model
+
+    try:
+        resolve_model("smollm2-135m-instruct")
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    mod = runpy.run_path(str(ROOT / "examples" / "trl_rlcr.py"))
+    history = mod["main"](["--model", "smollm2-135m-instruct", "--lora-r", "16", "--steps", "1", "--out", str(tmp_path)])
+    assert [h["step"] for h in history] == [1] and history[0]["calibration/completions"] == 8
+    assert 0.0 <= history[0]["calibration/accuracy"] <= 1.0

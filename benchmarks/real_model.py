@@ -179,44 +179,54 @@ def render_choices() -> None:
     print("\nCommand: `python benchmarks/real_model.py choices`")
 
 
+def table(head: list[str], rows: list[str], commands: list[str], missing: str) -> None:
+    """A markdown table with its commands below, or a line saying the result is not there yet."""
+    if not rows:
+        print(f"(no {missing} result yet)")
+        return
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    print("\n".join(rows))
+    print("\nCommands: " + "; ".join(f"`{c}`" for c in commands))
+
+
+def calibration_row(r: dict) -> str:
+    lo, hi = r["ci"]
+    return (f"| {r['task']} | {r['n']} | {_pct(r['accuracy'])} [{_pct(lo)}, {_pct(hi)}] | "
+            f"{_pct(1 - r['reflection_missing_rate'])}% | {_pct(1 - r['confidence_missing_rate'])}% | "
+            f"{_num(r.get('reflection_accuracy'))} | {_num(r.get('ece'))} | {_num(r.get('brier'))} | "
+            f"{_num(r.get('auroc'))} | {_num(r.get('mean_confidence'))} |")
+
+
+def learn_row(r: dict) -> str:
+    b, f = r["before"], r["after"]
+    lo, hi = gain_interval(b, f)
+    return (f"| {r['algo']} | {r['seed']} | {r['n']} | {_pct(b['accuracy'])} [{_pct(b['ci'][0])}, {_pct(b['ci'][1])}] | "
+            f"{_pct(f['accuracy'])} [{_pct(f['ci'][0])}, {_pct(f['ci'][1])}] | "
+            f"{100 * (f['accuracy'] - b['accuracy']):+.1f} [{lo:+.1f}, {hi:+.1f}] | {r['updates']} | "
+            f"{r['cpu_seconds_budget']} | {100 * r['generate_share']:.0f}% | {_num(b['ece'])} → {_num(f['ece'])} | "
+            f"{_num(b['auroc'])} → {_num(f['auroc'])} | {_num(b['reflection_accuracy'])} → "
+            f"{_num(f['reflection_accuracy'])} |")
+
+
 def render(part: str = "all") -> None:
     if part == "choices":
         render_choices()
         return
-    rows = [json.loads((RESULTS / f"real_calibration_{t}.json").read_text()) for t in TASKS
-            if (RESULTS / f"real_calibration_{t}.json").is_file()]
-    if part in ("all", "calibration") and not rows:
-        print("(no real_calibration result yet)")
-    if part in ("all", "calibration") and rows:
-        print("| task | held-out problems | accuracy, % [95% CI] | reflections parsed | confidences parsed | "
-              "reflection accuracy | ECE | Brier | AUROC | mean confidence |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            lo, hi = r["ci"]
-            print(f"| {r['task']} | {r['n']} | {_pct(r['accuracy'])} [{_pct(lo)}, {_pct(hi)}] | "
-                  f"{_pct(1 - r['reflection_missing_rate'])}% | {_pct(1 - r['confidence_missing_rate'])}% | "
-                  f"{_num(r.get('reflection_accuracy'))} | {_num(r.get('ece'))} | {_num(r.get('brier'))} | "
-                  f"{_num(r.get('auroc'))} | {_num(r.get('mean_confidence'))} |")
-        print("\nCommands: " + "; ".join(f"`{r['command']}`" for r in rows))
-    runs = sorted((json.loads(p.read_text()) for p in RESULTS.glob("real_learn_*_s*.json")),
-                  key=lambda r: (r["algo"], r["seed"]))
-    if part in ("all", "learn") and not runs:
-        print("(no real_learn result yet)")
-    if part in ("all", "learn") and runs:
-        print("\n| algo | seed | held-out | before, % [95% CI] | after, % [95% CI] | gain, points [95% CI] | updates | "
-              "CPU s | generating | ECE before → after | AUROC before → after | reflection acc. before → after |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for r in runs:
-            b, f = r["before"], r["after"]
-            lo, hi = gain_interval(b, f)
-            print(f"| {r['algo']} | {r['seed']} | {r['n']} | {_pct(b['accuracy'])} [{_pct(b['ci'][0])}, {_pct(b['ci'][1])}] | "
-                  f"{_pct(f['accuracy'])} [{_pct(f['ci'][0])}, {_pct(f['ci'][1])}] | "
-                  f"{100 * (f['accuracy'] - b['accuracy']):+.1f} [{lo:+.1f}, {hi:+.1f}] | {r['updates']} | "
-                  f"{r['cpu_seconds_budget']} | {100 * r['generate_share']:.0f}% | {_num(b['ece'])} → {_num(f['ece'])} | "
-                  f"{_num(b['auroc'])} → {_num(f['auroc'])} | {_num(b['reflection_accuracy'])} → "
-                  f"{_num(f['reflection_accuracy'])} |")
-        print("\nCommands: " + "; ".join(f"`python benchmarks/real_model.py learn --algo {r['algo']} --seed {r['seed']}`"
-                                         for r in runs))
+    if part in ("all", "calibration"):
+        rows = [json.loads((RESULTS / f"real_calibration_{t}.json").read_text()) for t in TASKS
+                if (RESULTS / f"real_calibration_{t}.json").is_file()]
+        table(["task", "held-out problems", "accuracy, % [95% CI]", "reflections parsed", "confidences parsed",
+               "reflection accuracy", "ECE", "Brier", "AUROC", "mean confidence"],
+              [calibration_row(r) for r in rows], [r["command"] for r in rows], "real_calibration")
+    if part in ("all", "learn"):
+        runs = sorted((json.loads(p.read_text()) for p in RESULTS.glob("real_learn_*_s*.json")),
+                      key=lambda r: (r["algo"], r["seed"]))
+        if runs:
+            print()
+        table(["algo", "seed", "held-out", "before, % [95% CI]", "after, % [95% CI]", "gain, points [95% CI]", "updates",
+               "CPU s", "generating", "ECE before → after", "AUROC before → after", "reflection acc. before → after"],
+              [learn_row(r) for r in runs],
+              [f"python benchmarks/real_model.py learn --algo {r['algo']} --seed {r['seed']}" for r in runs], "real_learn")
 
 
 def main() -> None:

@@ -76,7 +76,7 @@ def choices(a: argparse.Namespace) -> None:
 
     from reflectrl.llm.evaluate import evaluate_policy
     from reflectrl.llm.policy import load_policy
-    from reflectrl.tasks.base import get_task
+    from reflectrl.tasks.base import get_task, parse_options
 
     torch.set_num_threads(1)
     policy, task = load_policy(MODEL), get_task("arith")
@@ -87,9 +87,9 @@ def choices(a: argparse.Namespace) -> None:
         kind = "sum" if p.meta["ops"] == ["+"] else ("difference below 0" if p.meta["value"] < 0 else "difference")
         kinds.setdefault(kind, []).append(ok)
     per_kind = {k: {"n": len(v), "accuracy": float(np.mean(v))} for k, v in kinds.items()}
-    temps = {}
+    temps, sums = {}, get_task(LEARN_TASK[0], **parse_options(LEARN_TASK[1]))  # the task the learn runs train on
     for t in a.temperatures:
-        r = evaluate_policy(policy, task, "train", samples=8, temperature=t, max_new_tokens=24, limit=a.groups,
+        r = evaluate_policy(policy, sums, "train", samples=8, temperature=t, max_new_tokens=24, limit=a.groups,
                             per_problem=True)
         share = np.array(r["per_problem"])
         temps[str(t)] = {"pass@1": r["accuracy"], "groups_with_spread": float(np.mean((share > 0) & (share < 1)))}
@@ -172,7 +172,7 @@ def render_choices() -> None:
     print(f"| first {r['train_problems']} train problems of arith (greedy) | problems | accuracy |\n|---|---|---|")
     for kind, v in r["per_kind"].items():
         print(f"| {kind} | {v['n']} | {100 * v['accuracy']:.1f}% |")
-    print(f"\n| temperature | pass@1 (8 samples of {r['groups']} train problems) | groups whose rewards differ |\n"
+    print(f"\n| temperature | pass@1 (8 samples of {r['groups']} train sums) | groups whose rewards differ |\n"
           "|---|---|---|")
     for t, v in r["temperatures"].items():
         print(f"| {t} | {100 * v['pass@1']:.1f}% | {100 * v['groups_with_spread']:.1f}% |")

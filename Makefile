@@ -36,6 +36,7 @@ demo: $(STAMP) sandbox-backend
 
 test: $(STAMP) sandbox-backend
 	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
 test-slow: $(STAMP) sandbox-backend

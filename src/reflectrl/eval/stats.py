@@ -302,7 +302,7 @@ def decide(claims: list[dict], alpha: float = ALPHA) -> list[dict]:
     "worse" when the Holm-adjusted p-value is below ``alpha`` (the sign of the effect says which); otherwise "not
     lower" where a margin was stated and the one-sided 95% lower bound of the difference lies above minus it;
     otherwise "inconclusive (n seeds)". Returns the claims with ``p_holm`` and ``verdict`` added."""
-    adjusted = holm([c["p"] for c in claims]) if claims else []
+    adjusted = holm([c["p"] for c in claims]) if claims else np.zeros(0)
     out = []
     for c, p_adj in zip(claims, adjusted):
         c = dict(c, p_holm=float(p_adj))

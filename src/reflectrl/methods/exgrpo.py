@@ -116,7 +116,7 @@ class ExGRPO(GRPOHook):
             exp_ids = sample_from_buckets(self.buckets(), int(round(self.o.exgrpo_rho * n)), K, self.o.exgrpo_weighting,
                                           self.o.exgrpo_sigma, self.gen)
         chosen = set(exp_ids)
-        fresh = []
+        fresh: list[Any] = []
         while len(fresh) < n - len(exp_ids):
             p = trainer.next_problems(1)[0]
             if p.id in self.retired and len(self.retired) < len(trainer.train_problems):

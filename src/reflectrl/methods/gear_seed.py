@@ -195,6 +195,8 @@ class GearSeed:
 
     def _ranking_loss(self, inputs: AuxInputs) -> Tensor:
         """``gear_rank_coef`` x the ranking loss on the steps of one minibatch of the policy update."""
+        if self._rank is None:
+            raise RuntimeError("the ranking loss needs the batch's ranking pairs (prepare the batch first)")
         seg, pairs = self._rank
         loss, n = pairwise_ranking_loss(inputs.logp - inputs.old_logp, seg[inputs.rows, inputs.steps], pairs,
                                         self.o.gear_rank_scale)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import ConfigError
 
@@ -58,13 +58,16 @@ class SingleTurnEnv:
     """The one-step environment of a single-turn task: the reward is the task's score."""
 
     def __init__(self, task: Task):
-        self.task, self.problem = task, None
+        self.task = task
+        self.problem: Problem | None = None
 
     def reset(self, problem: Problem) -> str:
         self.problem = problem
         return problem.prompt
 
     def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
+        if self.problem is None:
+            raise RuntimeError("step() before reset(): the env has no problem")
         reward = float(self.task.score(self.problem, text))
         return "", reward, True, step_info(reward, text)
 
@@ -294,6 +297,7 @@ def get_task(name: str, **kwargs: Any) -> Task:
                               "(install the extra it needs: pip install 'reflectrl[llm]')")
         raise ConfigError(f"unknown task {name!r}; available: {', '.join(sorted(TASKS)) or 'none'}")
     factory = TASKS[name]
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):

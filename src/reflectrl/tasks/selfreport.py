@@ -42,7 +42,7 @@ general instruct model states a yes or no once its turn opens with "Answer:", an
 _WORD = re.compile(r"\s*([A-Za-z]{1,16})")
 _NUMBER = re.compile(r"\s*([0-9](?:\.[0-9]{1,6})?)")
 _PERCENT = re.compile(r"\s*([0-9]{1,3}(?:\.[0-9]{1,6})?)\s*%")
-_WORDS = {"solved": 1.0, "unsolved": 0.0, "yes": 1.0, "no": 0.0}
+_WORDS: dict[str, float] = {"solved": 1.0, "unsolved": 0.0, "yes": 1.0, "no": 0.0}
 
 
 def question(kind: str) -> Reply:
@@ -74,9 +74,9 @@ def parse_report(kind: str, text: Any) -> float | None:
             return float(tagged)
         m = _WORD.match(text[:64])
         return _WORDS.get(m.group(1).lower()) if m else None
-    tagged = parse_confidence(text)
-    if tagged is not None:
-        return tagged
+    stated = parse_confidence(text)
+    if stated is not None:
+        return stated
     pct = _PERCENT.match(text[:64])
     if pct is not None:
         q = float(pct.group(1)) / 100.0

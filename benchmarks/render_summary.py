@@ -133,8 +133,8 @@ def main() -> None:
         met = sum(g >= 15 for g in gains)
         beyond = sum(gain_interval(r)[0] >= 15 for r in llm_learn_results("rag"))
         out.append(f"on the rag search task it raises held-out accuracy by {rag[0]:+.0f} to {rag[1]:+.0f} points "
-                   f"({rag[2]} seeds, the same budget; the 15-point bar is met in {met} of {len(gains)}, in {beyond} with the lower end of its 95% "
-                   "interval above it"
+                   f"({rag[2]} seeds, the same budget; the 15-point bar is met in {met} of {len(gains)}, in {beyond} "
+                   "with the lower end of its 95% interval above it"
                    + ("; BENCHMARKS.md shows where the seeds below it fail)" if met < len(gains) else ")"))
         again = llm_gain_list("rag", "recipe again, every held-out problem")
         if again:

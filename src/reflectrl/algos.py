@@ -120,27 +120,6 @@ def _register_llm() -> None:
 register_builtins("control", _register_control)
 register_builtins("llm", _register_llm)
 
-# names this module used to import at its top, for code that reads them from here
-_MOVED = {
-    **dict.fromkeys(("DQN", "DQNConfig"), ".control.dqn"), "GRPOConfig": ".llm.config", "GRPO": ".llm.grpo",
-    **dict.fromkeys(("ExGRPOSeedConfig", "ExGRPOSeedDQNConfig", "GearSeedConfig", "RefGRPOSeedConfig",
-                     "exgrpo_dqn_hooks", "exgrpo_methods", "gear_methods", "refgrpo_methods"), ".methods.control_algos"),
-    **dict.fromkeys(("EXGRPO_DEFAULTS", "GEAR_SEED_DEFAULTS", "REFGRPO_DEFAULTS", "RLCR_DEFAULTS", "ExGRPOConfig",
-                     "ExGRPOSeedLLMConfig", "GEARConfig", "GearSeedLLMConfig", "RefGRPOConfig", "RefGRPOSeedLLMConfig",
-                     "RLCRConfig", "exgrpo_llm_hooks", "exgrpo_seed_llm_parts", "gear_llm_parts",
-                     "gear_seed_llm_methods", "refgrpo_llm_methods", "refgrpo_seed_llm_methods", "rlcr_llm_methods"),
-                    ".methods.llm_algos"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name], __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # ----------------------------------------------------------------------------- a user's own modules
 def load_plugins(spec: str | None = None) -> list[str]:
     """Import the modules named in ``REFLECTRL_PLUGINS`` (comma-separated; or ``spec``): a method of a user's own

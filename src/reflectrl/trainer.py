@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import signal
 import threading
 import time
@@ -469,7 +468,3 @@ def default_run_dir(name: str, algo: str, seed: int) -> Path:
     """``runs/<name>__<algo>__<seed>__<unix time>`` (path separators in the parts are replaced)."""
     clean = lambda s: str(s).replace("/", "-").replace("\\", "-").replace("..", "-") or "-"
     return Path("runs") / f"{clean(name)}__{clean(algo)}__{seed}__{int(time.time())}"
-
-
-def finite_or_none(x: float) -> float | None:
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else None

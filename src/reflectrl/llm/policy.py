@@ -108,10 +108,6 @@ class Policy(nn.Module):
         content, prefill = chat_reply(text)
         return self.chat.reply_ids(content, closed, prefill)
 
-    @property
-    def has_ref(self) -> bool:
-        return self._ref[0] is not None or self.use_adapter_as_ref
-
     # ----------------------------------------------------------------------------- heads
     def add_head(self, name: str, out_dim: int = 1, init_std: float = 0.01,
                  module: nn.Module | None = None) -> nn.Module:

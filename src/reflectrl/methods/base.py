@@ -93,13 +93,6 @@ class AuxInputs:
     old_logp: Tensor
     shape: tuple[int, int]
 
-    @property
-    def mask(self) -> Tensor:
-        """``[R, T]`` bool: the steps of this minibatch."""
-        m = torch.zeros(self.shape, dtype=torch.bool)
-        m[self.rows, self.steps] = True
-        return m
-
 
 class Method(Protocol):
     """The protocol of a method class (``aux_loss`` is optional)."""

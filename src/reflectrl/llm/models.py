@@ -280,9 +280,10 @@ FULL_LR = 1e-6  # full fine-tuning of a pretrained model (verl's and TRL's defau
 
 
 PRETRAINED_TEMPERATURE = 0.6
-"""Sampling temperature for a pretrained model: the one at which, with SmolLM2-135M-Instruct on arith's train
-problems, the most groups of 8 samples held rewards that differ (the learning signal; `benchmarks/real_model.py
-choices`, rendered in BENCHMARKS.md)."""
+"""Sampling temperature for a pretrained model. With SmolLM2-135M-Instruct on arith's train sums, the share of groups
+of 8 samples whose rewards differ (the learning signal) is about half as large at 1.0 as at 0.3 to 0.8, which are
+alike within sampling noise; 0.6 is the middle of that range (`benchmarks/real_model.py choices`, rendered in
+BENCHMARKS.md)."""
 
 
 def model_defaults(profile: ModelProfile) -> dict[str, Any]:

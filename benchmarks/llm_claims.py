@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reflectrl.eval.stats import compare_samples, decide, probability_of_improvement_ci
+from reflectrl.eval.stats import claim_text, compare_samples, decide, probability_of_improvement_ci
 
 ACCURACY_MARGIN = 0.02
 """Non-inferiority margin of held-out accuracy: 2 accuracy points (as ``reflectrl llm compare``)."""
@@ -108,53 +108,43 @@ def decide_result(result: dict, min_seeds: int) -> dict:
     test, Student's t interval), Holm over the directed claims of the method table; "not lower" for accuracy with a
     2-point margin. Self-knowledge: each run's value against its reference (0.5, or 0), Holm over that table.
     Fewer than ``min_seeds`` pairs: "too few seeds (n)"."""
-    cells = []
-    for m, rec in result["methods"].items():
+    cells = []  # the method table's directed claims
+    for rec in result["methods"].values():
         rec["verdicts"] = {}
         for k, c in rec["metrics"].items():
             for stale in ("paired_diff", "claim"):
                 c.pop(stale, None)
-            if c.get("n", 0) == 0 or "per_seed" not in c:
+            if c.get("n", 0) and "per_seed" in c:
+                pairs = np.array(list(c["per_seed"].values()), float)
+                c["claim"] = compare_samples(pairs[:, 0], pairs[:, 1], paired=True,
+                                             higher_is_better=k not in LOWER + TASK_LOWER,
+                                             margin=ACCURACY_MARGIN if k == "accuracy" else None)
+            if k in NEUTRAL:  # no better direction: the difference only
                 continue
-            pairs = np.array(list(c["per_seed"].values()), float)
-            claim = compare_samples(pairs[:, 0], pairs[:, 1], paired=True, higher_is_better=k not in LOWER + TASK_LOWER,
-                                    margin=ACCURACY_MARGIN if k == "accuracy" else None)
-            c["claim"] = claim
-            if k not in NEUTRAL and c["n"] >= min_seeds:
-                cells.append(c)
-    for c, decided in zip(cells, decide([c["claim"] for c in cells])):
-        c["claim"] = decided
-    for m, rec in result["methods"].items():
-        for k, c in rec["metrics"].items():
-            if k in NEUTRAL:
-                continue
-            if c.get("n", 0) == 0:
+            if "claim" in c:
+                rec["verdicts"][k] = ""  # decided below, with the rest of the table (keeps the metrics' order)
+                cells.append((rec["verdicts"], k, c))
+            elif c.get("n", 0) == 0:
                 rec["verdicts"][k] = "too few seeds (0)"
-            elif "per_seed" not in c:  # a table from before per-seed values were kept: nothing to decide on
-                rec["verdicts"][k] = f"inconclusive ({c.get('n', 0)} seeds; per-seed values not kept)"
-            else:
-                rec["verdicts"][k] = c["claim"].get("verdict", f"too few seeds ({c['n']})")
-    sk_cells = []
-    for m, checks in result["self_knowledge"].items():
-        for name, e in checks.items():
+            else:  # a table from before per-seed values were kept: nothing to decide on
+                rec["verdicts"][k] = f"inconclusive ({c['n']} seeds; per-seed values not kept)"
+    for (verdicts, k, c), decided in zip(cells, decide([c["claim"] for _, _, c in cells], min_n=min_seeds)):
+        c["claim"], verdicts[k] = decided, decided["verdict"]
+    checks = []  # the self-knowledge table: each run's value against its reference
+    for per_method in result["self_knowledge"].values():
+        for name, e in per_method.items():
+            e.pop("p_holm", None)
             if "per_seed" not in e:
                 e["verdict"] = f"inconclusive ({e.get('n', 0)} seeds; per-seed values not kept)"
                 continue
             arr = np.array(list(e["per_seed"].values()), float)
-            e.update({"n": int(arr.size)})
-            if arr.size == 0:
-                e.update({"verdict": "too few seeds (0)"})
-                continue
             ref = SELF_REFERENCE[name]
-            e.update(compare_samples(arr, np.full(arr.size, ref), paired=True))
-            e["mean"] = float(arr.mean())
+            e.update(compare_samples(arr, np.full(arr.size, ref), paired=True), mean=float(arr.mean()) if arr.size
+                     else float("nan"))
             e["ci"] = [float(ref + v) for v in e["ci"]]
-            if arr.size >= min_seeds:
-                sk_cells.append(e)
-            else:
-                e["verdict"] = f"too few seeds ({arr.size})"
-    for e, decided in zip(sk_cells, decide([dict(e) for e in sk_cells])):
-        e.update(p_holm=decided["p_holm"], verdict=decided["verdict"])
+            checks.append(e)
+    for e, decided in zip(checks, decide([dict(e) for e in checks], min_n=min_seeds)):
+        e.update({k: decided[k] for k in ("p_holm", "verdict") if k in decided})
     result["rule"] = RULE
     return result
 
@@ -166,14 +156,6 @@ def fmt(c: dict) -> str:
     p, lo, hi = c["p_better"]
     poi = f", P = {p:.2f} [{lo:.2f}, {hi:.2f}]" if math.isfinite(p) else ""
     return f"{c['method']:.3f} / {c['baseline']:.3f}{poi}"
-
-
-def raw_cell(claim: dict, lower_is_better: bool) -> str:
-    """A decided claim as method - baseline (not oriented): ``diff [95% t CI], p = (Holm): verdict``."""
-    sign = -1.0 if lower_is_better else 1.0
-    lo, hi = sorted(sign * v for v in claim["ci"])
-    ci = f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else ""
-    return f"{sign * claim['effect']:+.3f}{ci}, p = {claim['p_holm']:.3g}: {claim['verdict']}"
 
 
 def paired_rows(result: dict, methods: list[str], keys: tuple[str, ...]) -> list[str]:
@@ -192,7 +174,7 @@ def paired_rows(result: dict, methods: list[str], keys: tuple[str, ...]) -> list
                 eff, (lo, hi) = c["claim"]["effect"], c["claim"]["ci"]
                 cells.append(f"{eff:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else ""))
             elif "p_holm" in c["claim"]:
-                cells.append(raw_cell(c["claim"], k in LOWER + TASK_LOWER))
+                cells.append(claim_text(c["claim"], lower_is_better=k in LOWER + TASK_LOWER))
             else:
                 cells.append(result["methods"][m]["verdicts"][k])
         reading = "no better direction" if k in NEUTRAL else f"{'higher' if k in UP else 'lower'} is better"

@@ -20,6 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from render_llm import gain_interval, variant_slug  # noqa: E402
 
+from reflectrl.eval.stats import difference  # noqa: E402
+
 RES = Path(__file__).resolve().parent / "results"
 
 
@@ -66,9 +68,8 @@ def effect_cell(claim: dict | None, lower_is_better: bool = False, digits: int =
     """The raw difference (method - baseline) with its t interval, then the verdict."""
     if not claim or "p_holm" not in claim:
         return "n/a | n/a"
-    sign = -1.0 if lower_is_better else 1.0
-    lo, hi = sorted(sign * v for v in claim["ci"])
-    return f"{sign * claim['effect']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] | **{claim['verdict']}**"
+    eff, lo, hi = difference(claim, lower_is_better)
+    return f"{eff:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] | **{claim['verdict']}**"
 
 
 def claims_table(prefix: str) -> list[str]:

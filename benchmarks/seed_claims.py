@@ -57,11 +57,6 @@ def aucs(runs, fraction: float) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
-def too_few(n: int, min_seeds: int) -> str | None:
-    """The verdict that replaces any other when fewer than ``min_seeds`` runs back a claim."""
-    return f"too few seeds ({n})" if n < min_seeds else None
-
-
 MARGIN_SHARE = 0.05
 """Non-inferiority margin of "final >= PPO": 5% of the magnitude of PPO's mean final return in the env."""
 
@@ -122,34 +117,28 @@ def decide_claims(out: dict, min_seeds: int) -> dict:
     "final >= PPO" (paired by env seed, "not lower" within 5% of PPO's return), "faster early learning" (the
     early AUC, paired), "L_cal falls" (each seed's last/first ratio against 1) and "larger gains on sparse rewards"
     (relative gains over PPO on the sparse envs' seeds against the dense envs', unpaired)."""
-    fam: dict[str, list] = {"final": [], "early": [], "l_cal": []}
+    fam: dict[str, list] = {"final": [], "early": [], "l_cal": []}  # per table: (holder, claim key, verdict key)
     for e in out["envs"].values():
         for rec in e["methods"].values():
-            f, bf, _ = by_seed(rec["finals"], rec["ppo_finals"])
-            au, ba, _ = by_seed(rec["aucs"], rec["ppo_aucs"])
-            paired = set(rec["finals"]) == set(rec["ppo_finals"])
+            f, bf, paired = by_seed(rec["finals"], rec["ppo_finals"])
+            au, ba, paired_auc = by_seed(rec["aucs"], rec["ppo_aucs"])
             rec.update(seeds=len(rec["finals"]), final_iqm=iqm(f), ppo_final_iqm=iqm(bf),
                        p_final=list(probability_of_improvement_ci(f, bf)),
                        early_auc_iqm=iqm(au) if len(au) else float("nan"), ppo_early_auc_iqm=iqm(ba) if len(ba) else
                        float("nan"), p_early=list(probability_of_improvement_ci(au, ba)) if len(au) and len(ba)
                        else [float("nan")] * 3)
             margin = MARGIN_SHARE * abs(float(np.mean(bf)))
-            rec["final_claim"] = compare_samples(f, bf, paired=paired, margin=margin)
-            fam["final"].append((rec, "final", min(len(f), len(bf))))
-            rec["early_claim"] = compare_samples(au, ba, paired=set(rec["aucs"]) == set(rec["ppo_aucs"]))
-            fam["early"].append((rec, "early", min(len(au), len(ba))))
+            rec["final_claim"] = compare_samples(f, bf, paired, margin=margin)
+            fam["final"].append((rec, "final_claim", "final_verdict"))
+            rec["early_claim"] = compare_samples(au, ba, paired_auc)
+            fam["early"].append((rec, "early_claim", "early_verdict"))
             if rec.get("l_cal"):
                 r = np.array(rec["l_cal"]["ratios"], float)
                 rec["l_cal"]["claim"] = compare_samples(r, np.ones_like(r), paired=True, higher_is_better=False)
-                fam["l_cal"].append((rec["l_cal"], "l_cal", len(r)))
+                fam["l_cal"].append((rec["l_cal"], "claim", "verdict"))
     for members in fam.values():
-        enough = [(holder, key) for holder, key, n in members if n >= min_seeds]
-        for (holder, key), c in zip(enough, decide([holder[f"{key}_claim" if key != "l_cal" else "claim"]
-                                                    for holder, key in enough])):
-            holder[f"{key}_claim" if key != "l_cal" else "claim"] = c
-        for holder, key, n in members:
-            claim = holder[f"{key}_claim" if key != "l_cal" else "claim"]
-            holder["verdict" if key == "l_cal" else f"{key}_verdict"] = too_few(n, min_seeds) or claim["verdict"]
+        for (holder, ck, vk), c in zip(members, decide([h[ck] for h, ck, _ in members], min_n=min_seeds)):
+            holder[ck], holder[vk] = c, c["verdict"]
     methods = sorted({m for e in out["envs"].values() for m in e["methods"]})
     sparse, svd = [], {}
     for m in methods:
@@ -159,11 +148,8 @@ def decide_claims(out: dict, min_seeds: int) -> dict:
             svd[m] = {"dense_gains": gains["dense"], "sparse_gains": gains["sparse"],
                       "claim": compare_samples(gains["sparse"], gains["dense"], paired=False)}
             sparse.append(m)
-    enough = [m for m in sparse if svd[m]["claim"]["n"] >= min_seeds]
-    for m, c in zip(enough, decide([svd[m]["claim"] for m in enough])):
-        svd[m]["claim"] = c
-    for m in sparse:
-        svd[m]["verdict"] = too_few(svd[m]["claim"]["n"], min_seeds) or svd[m]["claim"]["verdict"]
+    for m, c in zip(sparse, decide([svd[m]["claim"] for m in sparse], min_n=min_seeds)):
+        svd[m]["claim"], svd[m]["verdict"] = c, c["verdict"]
     out["sparse_vs_dense"] = svd
     out["rule"] = ("one family per table, Holm at 0.05; final: paired by env seed, exact sign-flip test, 'not lower' "
                    "within 5% of PPO's mean return (one-sided 95% t bound); early AUC: paired; L_cal: last/first "
@@ -193,8 +179,7 @@ def render(out: dict) -> list[str]:
                 c = t["claim"]
                 lrows.append(f"| {env} | {m} | {', '.join(f'{x:.2f}' for x in t['ratios'])} | "
                              f"{', '.join(f'{x:.2f}' for x in t['relative_std_last'])} | "
-                             f"{-c['effect']:+.2f} [{-c['ci'][1]:+.2f}, {-c['ci'][0]:+.2f}], "
-                             f"p = {c.get('p_holm', c['p']):.3g}: {t['verdict']} |")
+                             f"{claim_text(c, 2, lower_is_better=True) if 'p_holm' in c else t['verdict']} |")
     printed = ["\n".join(rows)] + (["\n".join(lrows)] if len(lrows) > 3 else [])
     srows = ["", "| method | relative gain over ppo per seed, dense envs: mean | sparse envs: mean | sparse - dense "
              "[95% t CI], Holm p: larger gains on sparse? |", "|---|---|---|---|"]

@@ -78,3 +78,15 @@ def test_power_grows_with_the_seeds():
                    == "better" for _ in range(200))
         power.append(wins / 200)
     assert power[0] < power[1] < power[2] and power[2] > 0.8
+
+
+def test_too_few_runs_stay_out_of_the_holm_family():
+    """A claim below ``min_n`` runs reads "too few seeds (n)" and does not raise the others' Holm correction."""
+    base = np.arange(10.0)
+    strong = compare_samples(base + 3, base, paired=True)  # p = 2/1024
+    single = compare_samples([5.0], [1.0], paired=True)
+    alone = decide([strong])[0]
+    with_single = decide([strong, single], min_n=3)
+    assert with_single[1]["verdict"] == "too few seeds (1)" and "p_holm" not in with_single[1]
+    assert with_single[0]["p_holm"] == alone["p_holm"] == pytest.approx(2 / 1024)
+    assert decide([strong, single])[0]["p_holm"] == pytest.approx(2 * 2 / 1024)  # counted when allowed

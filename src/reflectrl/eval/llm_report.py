@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .report import _est, _num, _ordered
+from .report import _est, _num, _ordered, seed_key
 from .rundata import RunData, load_run
-from .stats import bootstrap_ci, by_seed, claim_text, compare_samples, decide, early_auc, iqm_ci, probability_of_improvement_ci
+from .stats import against_baseline, bootstrap_ci, claim_text, early_auc, iqm_ci, probability_of_improvement_ci
 
 ACCURACY_MARGIN = 0.02
 """Non-inferiority margin of held-out accuracy: 2 accuracy points."""
@@ -50,18 +50,8 @@ def accuracy_verdicts(by_method: dict[str, list[RunData]], baseline: str) -> dic
     """Each method's held-out accuracy against the baseline's, by the one verdict rule
     (:func:`reflectrl.eval.stats.decide`, Holm over the task's methods): paired by seed (the same warmed-up model
     per seed) when both ran the same seeds, with a non-inferiority margin of :data:`ACCURACY_MARGIN`."""
-    def accs(rs: list[RunData]) -> dict:
-        return {(r.seed if r.seed is not None else str(r.run_dir)): _value(r, "accuracy") for r in rs}
-
-    base = accs(by_method.get(baseline, []))
-    names, claims = [], []
-    for method, rs in by_method.items():
-        if method == baseline or not base or not rs:
-            continue
-        a, b, paired = by_seed(accs(rs), base)
-        names.append(method)
-        claims.append(compare_samples(a, b, paired=paired, margin=ACCURACY_MARGIN))
-    return dict(zip(names, decide(claims)))
+    accuracy = {m: {seed_key(r): _value(r, "accuracy") for r in rs} for m, rs in by_method.items()}
+    return against_baseline(accuracy, baseline, margin=ACCURACY_MARGIN)
 
 
 def task_tables(task: str, by_method: dict[str, list[RunData]], methods: Sequence[str], early_fraction: float,

@@ -12,10 +12,8 @@ import numpy as np
 
 from .rundata import EPISODIC_RETURN, RunData, group_runs
 from .stats import (
-    by_seed,
+    against_baseline,
     claim_text,
-    compare_samples,
-    decide,
     early_auc,
     iqm_ci,
     mean_probability_of_improvement_ci,
@@ -100,23 +98,15 @@ def final_verdicts(by_method: dict[str, list[RunData]], baseline: str) -> dict[s
     """Each method's final return against the baseline's in one env, decided by the one verdict rule
     (:func:`reflectrl.eval.stats.decide`, Holm over the env's methods): paired by env seed when both ran the same
     seeds, with a non-inferiority margin of :data:`MARGIN_SHARE` of the baseline's mean return."""
-    def finals_of(rs: list[RunData]) -> dict:
-        return {(r.seed if r.seed is not None else str(r.run_dir)): r.final_return for r in rs
-                if r.final_return is not None}
+    finals = {m: {seed_key(r): r.final_return for r in rs if r.final_return is not None} for m, rs in by_method.items()}
+    base = list(finals.get(baseline, {}).values())
+    margin = MARGIN_SHARE * abs(float(np.mean(base))) if base else None
+    return against_baseline(finals, baseline, margin=margin)
 
-    base = finals_of(by_method.get(baseline, []))
-    if not base:
-        return {}
-    margin = MARGIN_SHARE * abs(float(np.mean(list(base.values()))))
-    names, claims = [], []
-    for method, rs in by_method.items():
-        x = finals_of(rs)
-        if method == baseline or not x:
-            continue
-        a, b, paired = by_seed(x, base)
-        names.append(method)
-        claims.append(compare_samples(a, b, paired=paired, margin=margin))
-    return dict(zip(names, decide(claims)))
+
+def seed_key(run: RunData) -> int | str:
+    """What pairs a run with another method's run: its seed (its folder where it has none)."""
+    return run.seed if run.seed is not None else str(run.run_dir)
 
 
 def env_table(env: str, by_method: dict[str, list[RunData]], opts: ReportOptions) -> list[str]:

@@ -297,14 +297,20 @@ def compare_samples(x, y, paired: bool, higher_is_better: bool = True, margin: f
     return out
 
 
-def decide(claims: list[dict], alpha: float = ALPHA) -> list[dict]:
+def decide(claims: list[dict], alpha: float = ALPHA, min_n: int = 1) -> list[dict]:
     """The verdict of each claim of one table (each from :func:`compare_samples`), Holm over the table: "better" or
     "worse" when the Holm-adjusted p-value is below ``alpha`` (the sign of the effect says which); otherwise "not
     lower" where a margin was stated and the one-sided 95% lower bound of the difference lies above minus it;
-    otherwise "inconclusive (n seeds)". Returns the claims with ``p_holm`` and ``verdict`` added."""
-    adjusted = holm([c["p"] for c in claims]) if claims else np.zeros(0)
+    otherwise "inconclusive (n seeds)". A claim backed by fewer than ``min_n`` runs reads "too few seeds (n)" and
+    stays out of the Holm family. Returns the claims with ``verdict`` (and, for those decided, ``p_holm``) added."""
+    family = [c for c in claims if c["n"] >= min_n]
+    adjusted = iter(holm([c["p"] for c in family]) if family else np.zeros(0))
     out = []
-    for c, p_adj in zip(claims, adjusted):
+    for c in claims:
+        if c["n"] < min_n:
+            out.append(dict(c, verdict=f"too few seeds ({c['n']})"))
+            continue
+        p_adj = next(adjusted)
         c = dict(c, p_holm=float(p_adj))
         if p_adj < alpha and c["effect"] != 0:
             c["verdict"] = "better" if c["effect"] > 0 else "worse"
@@ -328,8 +334,28 @@ def by_seed(x: dict, y: dict) -> tuple[np.ndarray, np.ndarray, bool]:
     return a[np.isfinite(a)], b[np.isfinite(b)], False
 
 
-def claim_text(c: dict, digits: int = 3) -> str:
-    """One decided claim in a table cell: ``effect [95% CI], p = (Holm) -> verdict``."""
-    eff, (lo, hi) = c["effect"], c["ci"]
+def difference(c: dict, lower_is_better: bool = False) -> tuple[float, float, float]:
+    """A claim's effect and 95% interval as the plain difference x - y (undoing the orientation of
+    :func:`compare_samples`, which makes positive mean better)."""
+    sign = -1.0 if lower_is_better else 1.0
+    lo, hi = sorted(sign * float(v) for v in c["ci"])
+    return sign * float(c["effect"]), lo, hi
+
+
+def claim_text(c: dict, digits: int = 3, lower_is_better: bool = False) -> str:
+    """One decided claim in a table cell: ``x - y [95% CI], p = (Holm): verdict``."""
+    eff, lo, hi = difference(c, lower_is_better)
     ci = f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if np.isfinite(lo) and np.isfinite(hi) else ""
     return f"{eff:+.{digits}f}{ci}, p = {c['p_holm']:.3g}: {c['verdict']}"
+
+
+def against_baseline(values: dict[str, dict], baseline: str, margin: float | None = None,
+                     higher_is_better: bool = True) -> dict[str, dict]:
+    """Every method of one table against ``baseline``, decided together (Holm over the table): ``values`` maps each
+    method to ``{seed: value}``; a pair of methods that ran the same seeds is compared paired by seed
+    (:func:`by_seed`). Methods with no values, and the baseline itself, get no entry."""
+    base = values.get(baseline) or {}
+    names = [m for m, v in values.items() if m != baseline and v and base]
+    claims = [compare_samples(*by_seed(values[m], base), higher_is_better=higher_is_better, margin=margin)
+              for m in names]
+    return dict(zip(names, decide(claims)))

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from reflectrl.eval.stats import difference_of_proportions_ci
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "readme_llm.json"
 
@@ -55,9 +57,8 @@ def render() -> None:
         r = json.loads(path.read_text())
         b, f = r["before"], r["after"]
         (b_lo, b_hi), (a_lo, a_hi) = b["ci"], f["ci"]
-        d = f["accuracy"] - b["accuracy"]  # Newcombe's interval of a difference of two proportions
-        lo = d - ((f["accuracy"] - a_lo) ** 2 + (b_hi - b["accuracy"]) ** 2) ** 0.5
-        hi = d + ((a_hi - f["accuracy"]) ** 2 + (b["accuracy"] - b_lo) ** 2) ** 0.5
+        d = f["accuracy"] - b["accuracy"]
+        lo, hi = difference_of_proportions_ci(b["accuracy"], b["ci"], f["accuracy"], f["ci"])
         print(f"| {label} | {f['n']} | {100 * b['accuracy']:.1f} [{100 * b_lo:.1f}, {100 * b_hi:.1f}] | "
               f"{100 * f['accuracy']:.1f} [{100 * a_lo:.1f}, {100 * a_hi:.1f}] | {100 * d:+.1f} [{100 * lo:+.1f}, "
               f"{100 * hi:+.1f}] | {r['updates']} |")

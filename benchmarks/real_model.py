@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from reflectrl.eval.stats import difference_of_proportions_ci
+
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m-instruct"
 TASKS = ("arith", "codegen", "humaneval", "text2sql", "rag")
@@ -156,11 +158,9 @@ def _num(x: float | None) -> str:
 
 
 def gain_interval(before: dict, after: dict) -> tuple[float, float]:
-    """Newcombe's hybrid score interval of after - before, in points (as benchmarks/render_llm.py computes it)."""
-    (b_lo, b_hi), (a_lo, a_hi) = before["ci"], after["ci"]
-    b, f = before["accuracy"], after["accuracy"]
-    return (100 * (f - b - ((f - a_lo) ** 2 + (b_hi - b) ** 2) ** 0.5),
-            100 * (f - b + ((a_hi - f) ** 2 + (b - b_lo) ** 2) ** 0.5))
+    """Newcombe's interval of the accuracy after - before, in points."""
+    lo, hi = difference_of_proportions_ci(before["accuracy"], before["ci"], after["accuracy"], after["ci"])
+    return 100 * lo, 100 * hi
 
 
 def render_choices() -> None:

@@ -24,6 +24,8 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm_learn import reward_wait  # noqa: E402
 
+from reflectrl.eval.stats import difference_of_proportions_ci  # noqa: E402
+
 RES = Path(__file__).resolve().parent / "results"
 BAR = 15.0
 
@@ -67,10 +69,7 @@ def gain_interval(r: dict) -> tuple[float, float]:
     proportions, from the two Wilson intervals the result holds (Newcombe 1998, "Interval estimation for the
     difference between independent proportions", method 10). The evaluations share their questions, so the
     interval is conservative: a paired one would be narrower when before and after are correlated."""
-    d = r["after"] - r["before"]
-    (b_lo, b_hi), (a_lo, a_hi) = r["before_ci"], r["after_ci"]
-    lo = d - ((r["after"] - a_lo) ** 2 + (b_hi - r["before"]) ** 2) ** 0.5
-    hi = d + ((a_hi - r["after"]) ** 2 + (r["before"] - b_lo) ** 2) ** 0.5
+    lo, hi = difference_of_proportions_ci(r["before"], r["before_ci"], r["after"], r["after_ci"])
     return 100 * lo, 100 * hi
 
 

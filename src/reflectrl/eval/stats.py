@@ -195,6 +195,18 @@ def mean_t_band(y, confidence: float = 0.95, axis: int = 0) -> tuple[np.ndarray,
     return mean, mean - half, mean + half
 
 
+def difference_of_proportions_ci(before: float, before_ci: tuple[float, float], after: float,
+                                 after_ci: tuple[float, float]) -> tuple[float, float]:
+    """95% interval of ``after - before`` from the two proportions' Wilson intervals: Newcombe's hybrid score
+    interval (Newcombe 1998, "Interval estimation for the difference between independent proportions", method 10).
+    Where both were measured on the same problems it is conservative: a paired interval would be narrower when
+    they are correlated."""
+    (b_lo, b_hi), (a_lo, a_hi) = before_ci, after_ci
+    d = after - before
+    return (d - ((after - a_lo) ** 2 + (b_hi - before) ** 2) ** 0.5,
+            d + ((a_hi - after) ** 2 + (before - b_lo) ** 2) ** 0.5)
+
+
 # --------------------------------------------------------------------------------------------------
 # Verdicts at few seeds: exact tests, Holm over a table, non-inferiority with a stated margin (docs/compare.md,
 # "How verdicts are decided"). Intervals and IQMs above describe; these decide.

@@ -43,7 +43,7 @@ from ..errors import ConfigError
 from ..methods.rewards import RLCR_FORMAT_PENALTY, brier_term
 from ..methods.rewards import reflection_bonus as _reflection_bonus
 from ..methods.rewards import rlcr_reward as _rlcr_reward
-from ..tasks.base import Problem, chat_prompt, parse_confidence, parse_reflection
+from ..tasks.base import Problem, chat_prompt, parse_confidence, parse_reflection, score_all
 from .verl_rewards import task_instance as _task
 
 SELF_REPORTS = ("off", "reflect", "confidence")
@@ -123,8 +123,7 @@ class _TaskReward:
         ``confidence`` (NaN where not stated); recorded in the log when there is one."""
         texts = [completion_text(c) for c in completions]
         problems = [self._problem(pid) for pid in problem_id]
-        many = getattr(self.task, "score_many", None)  # the code tasks run their tests in sandbox batches
-        scores = many(problems, texts) if callable(many) else [self.task.score(p, t) for p, t in zip(problems, texts)]
+        scores = score_all(self.task, problems, texts)
         rows = []
         for p, t, s in zip(problems, texts, scores):
             r, q = parse_reflection(t), parse_confidence(t)
@@ -265,13 +264,13 @@ class CalibrationCallback(_trainer_callback_base()):  # type: ignore[misc]
         metrics = calibration_of(records)
         if not metrics:
             return
+        step = int(getattr(state, "global_step", 0))
         if self.keep:
-            self.kept += [{"step": int(getattr(state, "global_step", 0)), **r} for r in records]
+            self.kept += [{"step": step, **r} for r in records]
         if logs is not None:
             logs.update(metrics)
         if getattr(state, "log_history", None):
             state.log_history[-1].update(metrics)
-        step = int(getattr(state, "global_step", 0))
         self.history.append({"step": step, **metrics})
         if self.jsonl:
             with open(self.jsonl, "a") as fh:

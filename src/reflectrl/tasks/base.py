@@ -167,6 +167,15 @@ def chat_reply(reply: str) -> tuple[str, str]:
     return str(reply).strip(), ""
 
 
+def score_all(task: Any, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+    """The task's scores of many completions at once: its ``score_many`` where it has one (the code tasks run their
+    tests in sandbox batches), else ``score`` one by one."""
+    many = getattr(task, "score_many", None)
+    if callable(many):
+        return [float(s) for s in many(problems, completions)]
+    return [float(task.score(p, c)) for p, c in zip(problems, completions)]
+
+
 def chat_prompt(task: Any, problem: Problem) -> str:
     """The first user message of an episode for a chat model: the task's ``chat_prompt(problem)`` (an instruction
     that states the answer format, then the problem), else the raw prompt."""

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError, ReflectRLError
-from .base import SPLITS, Problem, get_task, load_tasks, parse_options
+from .base import SPLITS, Problem, get_task, load_tasks, parse_options, score_all
 
 
 def _task(name: str, options: dict[str, Any], workers: int | None = None):
@@ -55,8 +55,7 @@ def validate(task, splits: tuple[str, ...]) -> dict[str, Any]:
         t0 = time.monotonic()
         problems = task.problems(split)
         demos = [task.demonstration(p) for p in problems]
-        many = getattr(task, "score_many", None)
-        scores = many(problems, demos) if callable(many) else [task.score(p, d) for p, d in zip(problems, demos)]
+        scores = score_all(task, problems, demos)
         failed = [p.id for p, s in zip(problems, scores) if s != 1.0]
         if task.multi_turn:
             failed += [f"{p.id} (episode)" for p in problems if not _episode_ok(task, p)]

@@ -110,10 +110,10 @@ def worker_trl(a) -> dict:
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
     # the same stop as reflectrl's sampler: the task's single-token stop sequences (arith: the newline) end generation
-    from reflectrl.llm.rollout import _single_token_stops
+    from reflectrl.llm.rollout import single_token_stops
     from reflectrl.tasks.base import stop_sequences
 
-    ends = sorted({tok.eos_token_id, *_single_token_stops(tok, stop_sequences(task, chat=chat))})
+    ends = sorted({tok.eos_token_id, *single_token_stops(tok, stop_sequences(task, chat=chat))})
     args.generation_kwargs = {"eos_token_id": ends}
     peft = None
     if a.lora_r:

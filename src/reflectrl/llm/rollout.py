@@ -65,7 +65,7 @@ def decode_batch(tok: Any, seqs: Sequence[Sequence[int]]) -> list[str]:
     return tok.batch_decode(seqs, skip_special_tokens=False)
 
 
-def _single_token_stops(tok: Any, stops: Sequence[str]) -> list[int]:
+def single_token_stops(tok: Any, stops: Sequence[str]) -> list[int]:
     """Ids of the stop sequences that are a single token (the sampler ends rows on them directly)."""
     out = []
     for s in stops:
@@ -146,7 +146,7 @@ class Rollout:
         limit = getattr(policy.config, "max_position_embeddings", None) or getattr(policy.config, "n_positions", None)
         self.max_positions = int(limit) if limit else None
         self.stop_sequences = stop_sequences(task, chat=self.chat is not None)
-        self.stop_ids = _single_token_stops(tok, self.stop_sequences)
+        self.stop_ids = single_token_stops(tok, self.stop_sequences)
         self.end_ids = set(policy.eos_ids) | set(self.stop_ids)
         # single-turn scores are pure functions of (problem, completion): remember recent ones (LRU)
         self.reward_cache_size = reward_cache

@@ -42,7 +42,7 @@ def test_validate_passes(capsys, name, split):
     assert main(["validate", name, "--split", split, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["passed"] == report["total"] > 0
-    assert set(report["splits"]) == ({"train", "heldout"} if split == "all" else {split})
+    assert set(report["splits"]) == ({"train", "validation", "heldout"} if split == "all" else {split})
 
 
 def test_validate_codegen_subset(capsys):

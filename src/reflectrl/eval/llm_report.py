@@ -3,7 +3,8 @@ accuracy, the probability of improvement over the first method and the early-lea
 accuracy (each with a 95% bootstrap CI over seeds), then the calibration of the self-reports asked at
 evaluation (ECE, Brier, AUROC, reflection accuracy against the best constant reflection, under- and
 overconfidence), each a mean over seeds with its bootstrap CI; ``curves.png`` (training accuracy) and one
-reliability diagram per task (confidences pooled over seeds, one panel per method).
+reliability diagram per task (confidences pooled over seeds, one panel per method); and, where the runs trained
+self-reports, which of them raised the collapse alarm (:mod:`reflectrl.llm.collapse`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ CALIBRATION = (("ece", "ECE"), ("brier", "Brier"), ("auroc", "AUROC"), ("reflect
                ("best_constant", "best constant"), ("underconfidence", "underconf."), ("overconfidence", "overconf."),
                ("selective_score", "selective score"))
 TRAIN_ACCURACY = "accuracy"
+COLLAPSE = "selfreport/collapse"
 
 
 def _value(run: RunData, key: str) -> float:
@@ -88,7 +90,24 @@ def task_tables(task: str, by_method: dict[str, list[RunData]], methods: Sequenc
         missing = _finite([max(_value(r, "reflection_missing_rate"), _value(r, "confidence_missing_rate"))
                            for r in rs])
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {_num(float(np.mean(missing)), 3) if len(missing) else 'n/a'} |")
-    return lines + [""]
+    return lines + [""] + collapse_line(by_method, methods)
+
+
+def collapse_line(by_method: dict[str, list[RunData]], methods: Sequence[str]) -> list[str]:
+    """One line naming the runs whose training raised the collapse alarm (``selfreport/collapse``), each with the
+    first update it rang at; nothing when no run logged the alarm (no self-reports trained)."""
+    seen, rang = False, []
+    for method in _ordered(by_method, methods):
+        for r in sorted(by_method[method], key=lambda r: (r.seed is None, r.seed or 0, str(r.run_dir))):
+            first = next((rec.get("update") for rec in r.records if rec.get(COLLAPSE, 0) >= 1), None)
+            seen = seen or any(COLLAPSE in rec for rec in r.records)
+            if first is not None:
+                name = f"seed {r.seed}" if r.seed is not None else Path(r.run_dir).name
+                rang.append(f"{method} {name} (update {first})")
+    if not seen:
+        return []
+    return [f"Collapse alarm (self-reports constant for K updates in training): "
+            f"{', '.join(rang) if rang else 'no run'}.", ""]
 
 
 def pooled_reports(runs: Sequence[RunData]) -> tuple[np.ndarray, np.ndarray]:

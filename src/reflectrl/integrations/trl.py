@@ -43,7 +43,7 @@ from ..errors import ConfigError
 from ..methods.rewards import RLCR_FORMAT_PENALTY, brier_term
 from ..methods.rewards import reflection_bonus as _reflection_bonus
 from ..methods.rewards import rlcr_reward as _rlcr_reward
-from ..tasks.base import Problem, chat_prompt, parse_confidence, parse_reflection, score_all
+from ..tasks.base import SPLITS, Problem, chat_prompt, parse_confidence, parse_reflection, score_all, split_problems
 from .verl_rewards import task_instance as _task
 
 SELF_REPORTS = ("off", "reflect", "confidence")
@@ -108,7 +108,7 @@ class _TaskReward:
     def __init__(self, task: str, task_options: dict[str, Any] | None = None, log: RewardLog | None = None):
         self.task = _task(task, task_options or {})
         self.log = log
-        self._problems: dict[str, Problem] = {p.id: p for s in ("train", "heldout") for p in self.task.problems(s)}
+        self._problems: dict[str, Problem] = {p.id: p for s in SPLITS for p in split_problems(self.task, s)}
         self.__name__ = self.name  # TRL names each reward's metrics after it
 
     def _problem(self, pid: Any) -> Problem:

@@ -91,6 +91,11 @@ class GRPOConfig(RunOptions):
     report_entropy_coef: float = 0.0
     """Entropy bonus on the tokens of the self-report turn alone (the turn --self-report reflect|confidence asks
     for), added to --entropy-coef there: keeps a trained report from collapsing to one constant answer."""
+    collapse_alarm_updates: int = 5
+    """The collapse alarm (a run with self-reports): it rings when the batch's stated reports have been constant for
+    this many consecutive updates (metric selfreport/collapse, one warning)."""
+    collapse_alarm_spread: float = 0.02
+    """The collapse alarm: stated confidences count as constant when their standard deviation is below this."""
     gamma: float = 1.0
     """Discount of --adv-estimator gae over tokens."""
     lam: float = 1.0
@@ -148,6 +153,9 @@ class GRPOConfig(RunOptions):
     """Greedy held-out accuracy every this many updates (0: never)."""
     eval_problems: int = 200
     """Held-out problems in that evaluation."""
+    eval_split: Literal["heldout", "validation"] = "heldout"
+    """The split of that evaluation: validation when its numbers choose anything (a recipe, a coefficient, when to
+    stop), so that heldout problems give final numbers only."""
     sample_interval: int = 10
     """Write sample completions to samples.jsonl every this many updates (0: never)."""
     samples_per_log: int = 4
@@ -224,6 +232,8 @@ class GRPOConfig(RunOptions):
              "--vf-coef must be >= 0 and --value-clip > 0"),
             (self.kl_coef >= 0 and self.entropy_coef >= 0 and self.report_entropy_coef >= 0,
              "--kl-coef, --entropy-coef and --report-entropy-coef must be >= 0"),
+            (self.collapse_alarm_updates >= 1 and self.collapse_alarm_spread >= 0,
+             "--collapse-alarm-updates must be >= 1 and --collapse-alarm-spread >= 0"),
             (self.report_entropy_coef == 0 or self.self_report in ("reflect", "confidence"),
              "--report-entropy-coef needs a self-report turn: --self-report reflect or confidence"),
             (self.loss_agg_mode in LOSS_AGG_MODES,

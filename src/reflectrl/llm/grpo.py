@@ -31,6 +31,7 @@ from ..tasks.base import Problem, absolute_option_paths, get_task
 from ..tasks.selfreport import turn_confidences, with_self_report
 from ..trainer import Clock, Trainer, default_run_dir
 from .batch import ENGINE_LOGP, TokenBatch
+from .collapse import CollapseAlarm
 from .config import SAMPLES, GRPOConfig
 from .distributed import from_env, rank_seed, shard
 from .engines import check_engine, make_engine
@@ -121,6 +122,8 @@ class GRPO(PolicyUpdate, Trainer):
         self.train_problems: list[Problem] = list(self.task.problems("train"))
         if not self.train_problems:
             raise ConfigError(f"task {cfg.task!r} has no train problems")
+        if cfg.eval_interval:
+            self.task.problems(cfg.eval_split)  # a split the task lacks fails here, before any work
         self.problems_by_id = {p.id: p for p in self.train_problems}
         self.policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                   lora_dropout=cfg.lora_dropout, ref=cfg.kl_coef > 0 or "ref_logp" in self.needs,
@@ -148,6 +151,7 @@ class GRPO(PolicyUpdate, Trainer):
         self.global_step = 0  # completions sampled so far
         self.cursor = 0  # problems drawn so far
         self.last_batch: TokenBatch | None = None
+        self.alarm = CollapseAlarm(cfg.collapse_alarm_updates, cfg.collapse_alarm_spread, cfg.self_report)
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.task, cfg.algo, cfg.seed)
         if self.dist.active:
             self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))  # rank 0's (a default one has a time)
@@ -279,7 +283,8 @@ class GRPO(PolicyUpdate, Trainer):
         fresh = batch if off is None or not bool(off.any()) else batch.select((off.sum(1) == 0).nonzero().squeeze(1),
                                                                            trim=False)
         rec = {"update": self.update_idx, "global_step": self.global_step,
-               **self.reward_metrics(fresh, bool(self.methods)), **gap}
+               **self.reward_metrics(fresh, bool(self.methods)), **gap, **self.alarm.observe(episode_info(fresh),
+                                                                                         self.update_idx)}
         batch.extras["row_id"] = torch.arange(batch.rows)
         if cfg.report_entropy_coef > 0:
             asked = episode_info(batch).get("report_asked", torch.zeros(batch.rows))
@@ -383,10 +388,10 @@ class GRPO(PolicyUpdate, Trainer):
                                      "correct": bool(batch.correct[i])}) + "\n")
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the first ``eval_problems`` held-out problems."""
+        """Greedy accuracy on the first ``eval_problems`` problems of ``eval_split``."""
         from .evaluate import evaluate_policy
 
-        res = evaluate_policy(self.policy, self.task, "heldout", max_new_tokens=self.cfg.max_new_tokens,
+        res = evaluate_policy(self.policy, self.task, self.cfg.eval_split, max_new_tokens=self.cfg.max_new_tokens,
                               max_turns=self.cfg.max_turns, limit=self.cfg.eval_problems, gen_batch=self.cfg.gen_batch,
                               max_response_tokens=self.cfg.max_response_tokens)
         return {"eval/accuracy": res["accuracy"], "eval/ci_low": res["ci"][0], "eval/ci_high": res["ci"][1]}
@@ -451,11 +456,12 @@ class GRPO(PolicyUpdate, Trainer):
     # ----------------------------------------------------------------------------- checkpoints
     def state_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         tensors.update({f"policy/{k}": v for k, v in self.policy.trainable_state().items()})
-        meta.update({"global_step": self.global_step, "cursor": self.cursor})
+        meta.update({"global_step": self.global_step, "cursor": self.cursor, "collapse_alarm": self.alarm.state()})
 
     def load_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         self.policy.load_trainable_state({k[7:]: v for k, v in tensors.items() if k.startswith("policy/")})
         self.global_step, self.cursor = int(meta["global_step"]), int(meta["cursor"])
+        self.alarm.load_state(meta.get("collapse_alarm"))
 
     def after_load(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         self.engine.sync(self.policy)

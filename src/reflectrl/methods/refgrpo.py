@@ -12,6 +12,11 @@ reflection earns no bonus and is counted (``refgrpo/missing_rate``).
 their own signals: the answer's tokens on the outcome's group advantage alone, the reflection turn's tokens on
 the group advantage of the bonus alone (:func:`split_credit`), so that the reflection of a right answer is no
 longer reinforced by the outcome whatever it says.
+
+``--refgrpo-reward`` (reflectrl's, not the paper's; docs/methods-llm.md) picks the bonus: ``agreement`` (the
+paper's), ``balanced`` (the agreement weighted by the inverse frequency of the row's outcome in its group, so that
+every constant reflection earns c/2 and only discrimination earns more) or ``rank`` (c times the group rank reward
+of :func:`~reflectrl.methods.rewards.group_rank_reward`: a constant reflection earns 0).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from torch import Tensor
 
 from ..core.advantages import group_advantages
 from .base import Shaping, StepBatch
-from .rewards import bonus_schedule, reflection_bonus
+from .rewards import balanced_reflection_bonus, bonus_schedule, group_rank_reward, reflection_bonus
 
 Credit = Literal["episode", "split"]
 
@@ -43,6 +48,11 @@ class RefGRPOOptions:
     """episode: the bonus joins the outcome and every token takes the episode's advantage (the paper); split: the
     answer's tokens take the outcome's group advantage, the reflection turn's the bonus's (a bonus the same
     across a group, or c = 0 after the step schedule, gives them 0)."""
+    refgrpo_reward: Literal["agreement", "balanced", "rank"] = "agreement"
+    """The bonus: agreement: c * 1[reflection == outcome] (the paper); balanced: the agreement weighted by
+    1 / (2 P(o = o_i)) within the row's group (every constant reflection earns c/2, a perfect one c); rank: c times
+    the group rank reward (a constant reflection earns 0, a perfect one c/2). balanced and rank give 0 in a group
+    whose outcomes are all equal (docs/methods-llm.md)."""
 
     def validate_refgrpo(self) -> list[tuple[bool, str]]:
         return [(self.refgrpo_c >= 0, "--refgrpo-c must be non-negative"),
@@ -71,13 +81,17 @@ def last_turn_tokens(turn_ids: Tensor, mask: Tensor, asked: Tensor) -> Tensor:
     return mask & (turn == turn.max(1, keepdim=True).values) & asked.bool()[:, None]
 
 
+def row_groups(batch: StepBatch) -> Tensor:
+    """``[R]`` each row's GRPO group: rows ``i // group_size``."""
+    return torch.arange(batch.rewards.shape[0]) // max(1, batch.group_size)
+
+
 def split_credit(batch: StepBatch, per_row: Tensor) -> Shaping:
     """The shaping that gives the self-report turn's tokens the group advantage (GRPO's, std-normalized) of
     ``per_row [R]`` in place of the episode's, and leaves every other token's advantage as the estimator gave it
     (the outcome's)."""
     report = report_turn_mask(batch)
-    groups = torch.arange(per_row.shape[0]) // max(1, batch.group_size)
-    adv = group_advantages(per_row.to(batch.advantages.dtype), groups)
+    adv = group_advantages(per_row.to(batch.advantages.dtype), row_groups(batch))
     return Shaping(advantage_delta=report.to(adv.dtype) * (adv[:, None] - batch.advantages))
 
 
@@ -97,13 +111,21 @@ class RefGRPO:
         correct = batch.info["correct"]
         reflection = batch.info.get("reflection", torch.full_like(correct, float("nan")))
         c = bonus_schedule(self.o.refgrpo_c, self.o.refgrpo_schedule, batch.progress, self.o.refgrpo_until)
-        bonus = reflection_bonus(correct, reflection, c)
+        bonus = self.bonus(batch, correct, reflection, c)
         missing = torch.isnan(reflection).float().mean()
         self._metrics = {"refgrpo/c": c, "refgrpo/bonus_mean": float(bonus.mean()),
                          "refgrpo/missing_rate": float(missing)}
         if self.o.refgrpo_credit == "split":
             return split_credit(batch, bonus)
         return Shaping(reward_delta=last_step_delta(batch, bonus))
+
+    def bonus(self, batch: StepBatch, correct: Tensor, reflection: Tensor, c: float) -> Tensor:
+        """``[R]`` the bonus of ``--refgrpo-reward`` at coefficient ``c``."""
+        if self.o.refgrpo_reward == "balanced":
+            return balanced_reflection_bonus(correct, reflection, c, row_groups(batch))
+        if self.o.refgrpo_reward == "rank":
+            return c * group_rank_reward(correct, reflection, row_groups(batch))
+        return reflection_bonus(correct, reflection, c)
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)

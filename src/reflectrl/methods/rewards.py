@@ -31,6 +31,66 @@ def reflection_bonus(correct: Tensor, reflection: Tensor, c: float) -> Tensor:
     return c * agree.to(correct.dtype)
 
 
+def _group_index(groups: Tensor) -> tuple[Tensor, Tensor, int, int]:
+    """For group ids ``groups [R]`` (any integers; rows of a group need not be adjacent): each row's group
+    ``0..G-1`` and its position in it, ``G`` and the largest group's size (the padded layout ``[G, n]``)."""
+    _, inv = torch.unique(groups, return_inverse=True)
+    counts = torch.bincount(inv)
+    order = torch.argsort(inv, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.empty_like(inv)
+    pos[order] = torch.arange(inv.numel(), device=inv.device) - starts[inv[order]]
+    return inv, pos, int(counts.numel()), int(counts.max()) if counts.numel() else 0
+
+
+def balanced_reflection_bonus(correct: Tensor, reflection: Tensor, c: float, groups: Tensor) -> Tensor:
+    """refgrpo's class-balanced agreement bonus ``[R]`` (docs/methods-llm.md): with ``p`` the share of successes in a
+    row's group, ``b_i = c * 1[reflection_i == correct_i] / (2 * P(o = o_i))``, i.e. weight ``1 / (2p)`` on a
+    success, ``1 / (2(1 - p))`` on a failure. Every constant reflection earns ``c / 2`` on the group's average, a
+    perfect one ``c``. A group whose outcomes are all equal gives 0 to each of its rows (no signal), and so does a
+    missing reflection (NaN).
+
+    ``correct [R]`` in {0, 1}, ``reflection [R]`` in {0, 1} or NaN, ``groups [R]`` the rows' group ids (GRPO's
+    groups: ``arange(R) // group_size``)."""
+    ok = (correct > 0.5).to(correct.dtype)
+    _, inv = torch.unique(groups, return_inverse=True)
+    n = torch.zeros(int(inv.max()) + 1 if inv.numel() else 0, dtype=correct.dtype).index_add_(
+        0, inv, torch.ones_like(ok))
+    p = torch.zeros_like(n).index_add_(0, inv, ok)[inv] / n[inv]
+    share = torch.where(ok > 0, p, 1 - p)  # P(o = o_i) in the row's group
+    informative = (p > 0) & (p < 1)
+    weight = torch.where(informative, 1.0 / (2 * share.clamp_min(1e-12)), torch.zeros_like(share))
+    return reflection_bonus(ok, reflection, c) * weight
+
+
+def group_rank_reward(correct: Tensor, report: Tensor, groups: Tensor) -> Tensor:
+    """The group rank reward ``[R]`` of stated reports (confidences, or reflections in {0, 1}; docs/methods-llm.md),
+    coefficient 1: a success earns the share of its group's failures whose report it exceeds (ties count one half)
+    minus 1/2; a failure the share of its group's successes whose report exceeds its own (ties one half) minus
+    1/2. A constant reporter earns 0, a perfect one +1/2 on every row; the group's mean is its AUROC minus 1/2.
+    A row with a missing report (NaN) earns 0 and is left out of the others' pairs; a row with no valid partner
+    of the other outcome (a group whose outcomes are all equal) earns 0.
+
+    ``correct [R]`` in {0, 1}, ``report [R]`` (NaN: missing), ``groups [R]`` the rows' group ids."""
+    R = correct.shape[0]
+    if R == 0:
+        return torch.zeros_like(correct)
+    inv, pos, G, n = _group_index(groups)
+    valid = ~torch.isnan(report)
+    q = torch.zeros(G, n, dtype=report.dtype).index_put_((inv, pos), torch.where(valid, report, 0.0))
+    ok = correct > 0.5
+    succ = torch.zeros(G, n, dtype=torch.bool).index_put_((inv, pos), valid & ok)
+    fail = torch.zeros(G, n, dtype=torch.bool).index_put_((inv, pos), valid & ~ok)
+    qi, qj = q[:, :, None], q[:, None, :]  # [G, n, n]: i a success, j a failure
+    above = (qi > qj).to(report.dtype) + 0.5 * (qi == qj).to(report.dtype)
+    pair = (succ[:, :, None] & fail[:, None, :]).to(report.dtype)
+    n_fail, n_succ = pair.sum(2), pair.sum(1)
+    as_success = (pair * above).sum(2) / n_fail.clamp_min(1) - 0.5
+    as_failure = (pair * above).sum(1) / n_succ.clamp_min(1) - 0.5  # the successes above it
+    out = torch.where(succ & (n_fail > 0), as_success, torch.where(fail & (n_succ > 0), as_failure, 0.0))
+    return out[inv, pos].to(correct.dtype)
+
+
 def refgrpo_reward(outcome: Tensor, reflection: Tensor, c: float, correct: Tensor | None = None) -> Tensor:
     """``R = outcome + c * 1[reflection == correct]`` (arXiv 2606.14211; ``correct`` defaults to the outcome,
     for binary outcomes)."""

@@ -17,6 +17,10 @@ turn's tokens on the calibration term's (the Brier term, or the format penalty),
 as the release's format rule does (its patterns require the answer tag); ``score`` (the default, the behaviour
 before the option) scores it as a wrong answer with its stated confidence(s), which under ``steps`` lets a policy
 that never answers and states low confidences earn about 0.
+``--rlcr-calibration rank`` (reflectrl's, not the paper's; docs/methods-llm.md) puts the group rank reward
+(:func:`~reflectrl.methods.rewards.group_rank_reward`) in place of the Brier term on the confidence turn's tokens
+(it takes ``--rlcr-credit split``): a confidence earns by ranking its own episode against the group's episodes of
+the other outcome, so that a constant confidence earns 0 whatever the accuracy.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ import torch
 from torch import Tensor
 
 from .base import Shaping, StepBatch
-from .refgrpo import Credit, last_step_delta, split_credit
-from .rewards import RLCR_FORMAT_PENALTY, brier_term, rlcr_reward
+from .refgrpo import Credit, last_step_delta, row_groups, split_credit
+from .rewards import RLCR_FORMAT_PENALTY, brier_term, group_rank_reward, rlcr_reward
 
 
 @dataclass
@@ -50,11 +54,19 @@ class RLCROptions:
     rlcr_credit: Credit = "episode"
     """episode: R = 1[correct] - (q - 1[correct])^2 on every token (the paper); split: the answer's tokens take the
     accuracy term's group advantage, the confidence turn's tokens the calibration term's."""
+    rlcr_calibration: Literal["brier", "rank"] = "brier"
+    """The calibration term: brier: -(q - 1[correct])^2 (the paper); rank: the group rank reward (within each
+    group, a right answer's confidence against the wrong answers', a wrong answer's against the right answers':
+    1 above, 1/2 tied, minus 1/2; a constant confidence earns 0; docs/methods-llm.md). rank takes --rlcr-credit
+    split."""
 
     def validate_rlcr(self) -> list[tuple[bool, str]]:
         return [(self.rlcr_format_penalty <= 0, "--rlcr-format-penalty must be <= 0"),
                 (self.rlcr_confidence != "steps" or self.rlcr_credit == "episode",
-                 "--rlcr-confidence steps takes --rlcr-credit episode (the turns' confidences share them with actions)")]
+                 "--rlcr-confidence steps takes --rlcr-credit episode (the turns' confidences share them with actions)"),
+                (self.rlcr_calibration != "rank" or self.rlcr_credit == "split",
+                 "--rlcr-calibration rank takes --rlcr-credit split (the rank term goes on the confidence turn's "
+                 "tokens; the answer's tokens keep the accuracy term's advantage)")]
 
 
 class RLCR:
@@ -91,7 +103,12 @@ class RLCR:
         self._metrics = {"rlcr/reward_mean": float(target.mean()), "rlcr/missing_rate": missing, "rlcr/brier": brier,
                          **({} if unanswered is None else {"rlcr/unanswered_rate": float(unanswered.float().mean())})}
         if self.o.rlcr_credit == "split":
-            calibration = torch.where(valid, brier_term(correct, q), torch.full_like(q, self.o.rlcr_format_penalty))
+            if self.o.rlcr_calibration == "rank":  # rows with the format penalty stay out of the others' pairs
+                term = group_rank_reward(correct, torch.where(valid, q, nan), row_groups(batch))
+                self._metrics["rlcr/rank_mean"] = float(term[valid].mean()) if valid.any() else float("nan")
+            else:
+                term = brier_term(correct, q)
+            calibration = torch.where(valid, term, torch.full_like(q, self.o.rlcr_format_penalty))
             return split_credit(batch, calibration)
         return Shaping(reward_delta=last_step_delta(batch, target - outcome))
 

@@ -17,7 +17,16 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Sequence
 
 from ..errors import ConfigError
-from .base import Problem, SingleTurnEnv, check_split, in_heldout, register_task, stable_hash, strip_self_report
+from .base import (
+    Problem,
+    SingleTurnEnv,
+    check_split,
+    in_heldout,
+    nonempty_split,
+    register_task,
+    stable_hash,
+    strip_self_report,
+)
 
 OPERATORS = "+-*"
 _NUMBER = re.compile(r"[-+]?[0-9]+(?:\.[0-9]+)?")
@@ -65,7 +74,7 @@ class ArithTask:
     chat_max_new_tokens = 24  # a chat model's first line: "86 + 66 = 152" or a short sentence
 
     def __init__(self, digits: int = 2, ops: str = "+-", terms: int = 2, n_train: int = 5000, n_heldout: int = 500,
-                 heldout_fraction: float = 0.1, seed: int = 0):
+                 heldout_fraction: float = 0.1, seed: int = 0, n_validation: int = 500):
         if not (isinstance(digits, int) and 1 <= digits <= 6):
             raise ConfigError(f"arith digits must be an integer in 1..6, got {digits!r}")
         if not ops or not isinstance(ops, str) or set(ops) - set(OPERATORS):
@@ -74,10 +83,10 @@ class ArithTask:
             raise ConfigError(f"arith terms must be an integer in 2..4, got {terms!r}")
         if not 0.0 < heldout_fraction < 1.0:
             raise ConfigError(f"arith heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
-        if n_train < 0 or n_heldout < 0:
-            raise ConfigError("arith n_train and n_heldout must be non-negative")
+        if min(n_train, n_heldout, n_validation) < 0:
+            raise ConfigError("arith n_train, n_validation and n_heldout must be non-negative")
         self.digits, self.ops, self.terms = digits, "".join(sorted(set(ops), key=OPERATORS.index)), terms
-        self.sizes = {"train": int(n_train), "heldout": int(n_heldout)}
+        self.sizes = {"train": int(n_train), "validation": int(n_validation), "heldout": int(n_heldout)}
         self.heldout_fraction, self.seed = heldout_fraction, seed
         self._cache: dict[str, list[Problem]] = {}
 
@@ -92,15 +101,16 @@ class ArithTask:
         return (10 ** self.digits) ** self.terms * len(self.ops) ** (self.terms - 1)
 
     def _expressions(self, split: str) -> list[tuple[tuple[int, ...], tuple[str, ...]]]:
-        """Up to ``sizes[split]`` distinct expressions of that split, in a seeded order."""
+        """Up to ``sizes[split]`` distinct expressions of that split, in a seeded order. Validation expressions are
+        train-side ones (by the hash) that the train sample left out, so adding them changed no train problem."""
+        pool = "train" if split == "validation" else split
         n, top = self.sizes[split], 10 ** self.digits
-        rng = random.Random(stable_hash(f"{self._salt()}/{split}/{self.digits}/{self.ops}/{self.terms}"))
         if self._space() <= _ENUMERATE_UP_TO:
-            every = [(vals, ops) for vals in itertools.product(range(top), repeat=self.terms)
-                     for ops in itertools.product(self.ops, repeat=self.terms - 1)]
-            mine = [e for e in every if self._split_of(_text(*e)) == split]
-            rng.shuffle(mine)
-            return mine[:n]
+            if split == "validation":  # the rest of the train split's own shuffle
+                return self._enumerated("train")[self.sizes["train"]:][:n]
+            return self._enumerated(split)[:n]
+        taken = {p.prompt[:-1] for p in self.problems("train")} if split == "validation" else set()
+        rng = random.Random(stable_hash(f"{self._salt()}/{split}/{self.digits}/{self.ops}/{self.terms}"))
         found: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {}
         attempts = 0
         while len(found) < n and attempts < 50 * n + 1000:
@@ -108,12 +118,22 @@ class ArithTask:
             vals = tuple(rng.randrange(top) for _ in range(self.terms))
             ops = tuple(rng.choice(self.ops) for _ in range(self.terms - 1))
             text = _text(vals, ops)
-            if text not in found and self._split_of(text) == split:
+            if text not in found and text not in taken and self._split_of(text) == pool:
                 found[text] = (vals, ops)
         return list(found.values())
 
+    def _enumerated(self, split: str) -> list[tuple[tuple[int, ...], tuple[str, ...]]]:
+        """Every expression of ``split`` ('train' or 'heldout' by the hash), in that split's seeded order."""
+        top = 10 ** self.digits
+        rng = random.Random(stable_hash(f"{self._salt()}/{split}/{self.digits}/{self.ops}/{self.terms}"))
+        every = [(vals, ops) for vals in itertools.product(range(top), repeat=self.terms)
+                 for ops in itertools.product(self.ops, repeat=self.terms - 1)]
+        mine = [e for e in every if self._split_of(_text(*e)) == split]
+        rng.shuffle(mine)
+        return mine
+
     def problems(self, split: str) -> list[Problem]:
-        """The problems of ``split`` ('train' or 'heldout'): deterministic, and disjoint across splits."""
+        """The problems of ``split`` (train, validation or heldout): deterministic, and disjoint across splits."""
         check_split(split)
         if split not in self._cache:
             out = []
@@ -121,7 +141,8 @@ class ArithTask:
                 expr, value = _text(vals, ops), evaluate(vals, ops)
                 out.append(Problem(id=f"arith:{expr}", prompt=f"{expr}=", answer=str(value),
                                    meta={"value": value, "operands": list(vals), "ops": list(ops)}))
-            self._cache[split] = out
+            self._cache[split] = nonempty_split(self.name, split, out, "every expression of these digits and "
+                                                "operators is in train or heldout; lower n_train or add digits")
         return list(self._cache[split])
 
     # ------------------------------------------------------------------ verifier

@@ -218,7 +218,10 @@ def in_heldout(key: str, fraction: float, salt: str = "") -> bool:
 
 
 TASKS: dict[str, Callable[..., Task]] = {}
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "validation", "heldout")
+"""Every task's splits, disjoint: ``train`` to learn on, ``validation`` to choose on (recipes, defaults,
+coefficients, when to stop), ``heldout`` for final numbers only. Adding the validation split changed no task's
+train or heldout problems (docs/tasks.md, "Splits")."""
 
 
 def check_split(split: str) -> str:
@@ -226,6 +229,44 @@ def check_split(split: str) -> str:
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     return split
+
+
+def carve_validation(problems: list[Problem], fraction: float, salt: str) -> tuple[list[Problem], list[Problem]]:
+    """(train, validation): about ``fraction`` of ``problems`` (by a stable hash of each id, fixed per ``salt``)
+    moved to validation, in their order; ``fraction`` 0 leaves every problem in train."""
+    if fraction <= 0:
+        return problems, []
+    held = [in_heldout(p.id, fraction, f"{salt}/validation") for p in problems]
+    return [p for p, h in zip(problems, held) if not h], [p for p, h in zip(problems, held) if h]
+
+
+def check_fraction(task: str, name: str, value: Any, high: float = 1.0) -> float:
+    """``value`` as a float in [0, high), or a ConfigError naming ``task``'s option ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < high:
+        raise ConfigError(f"{task} {name} must be a number in [0, {high:g}), got {value!r}")
+    return float(value)
+
+
+VALIDATION_HINT = ("set the task option validation_fraction=F (for example --task-option validation_fraction=0.2) to "
+                   "move that share of the train problems to validation; the default keeps every {task} train problem")
+
+
+def split_problems(task: Task, split: str) -> list[Problem]:
+    """``task.problems(split)``, or [] for a validation split the task does not have (see :func:`nonempty_split`;
+    a task written before the split existed may raise KeyError or ValueError for it)."""
+    try:
+        return task.problems(split)
+    except (ConfigError, KeyError, ValueError):
+        if split != "validation":
+            raise
+        return []
+
+
+def nonempty_split(task: str, split: str, problems: list[Problem], hint: str) -> list[Problem]:
+    """``problems``, or a ConfigError when a split asked for has none (``hint``: how to get some)."""
+    if not problems and split == "validation":
+        raise ConfigError(f"task {task} has no validation problems: {hint}")
+    return problems
 
 
 def register_task(name: str):

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError, ReflectRLError
-from .base import SPLITS, Problem, get_task, load_tasks, parse_options, score_all
+from .base import SPLITS, Problem, get_task, load_tasks, parse_options, score_all, split_problems
 
 
 def _task(name: str, options: dict[str, Any], workers: int | None = None):
@@ -53,7 +53,7 @@ def validate(task, splits: tuple[str, ...]) -> dict[str, Any]:
     start = time.monotonic()
     for split in splits:
         t0 = time.monotonic()
-        problems = task.problems(split)
+        problems = split_problems(task, split) if len(splits) > 1 else task.problems(split)
         demos = [task.demonstration(p) for p in problems]
         scores = score_all(task, problems, demos)
         failed = [p.id for p, s in zip(problems, scores) if s != 1.0]
@@ -78,7 +78,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
                                "description": doc[0] if doc else ""}
         try:
             task = get_task(name)
-            row.update({split: len(task.problems(split)) for split in SPLITS})
+            row.update({split: len(split_problems(task, split)) for split in SPLITS})
         except ReflectRLError as exc:
             row["unavailable"] = str(exc)
         rows.append(row)
@@ -86,7 +86,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     for row in rows:
-        counts = (f"train {row['train']}, heldout {row['heldout']}" if "train" in row
+        counts = (f"train {row['train']}, validation {row['validation']}, heldout {row['heldout']}" if "train" in row
                   else f"unavailable: {row['unavailable']}")
         kind = "multi-turn" if row["multi_turn"] else "single-turn"
         print(f"{row['name']:<10} {kind:<11} {counts:<26} {row['description']}")

@@ -24,10 +24,14 @@ from typing import Any, Callable, Sequence
 from ..errors import ConfigError
 from ..sandbox import BATCH_SIZE, SandboxPool, Verdict, check_job, run_tests
 from .base import (
+    VALIDATION_HINT,
     Problem,
     SingleTurnEnv,
+    carve_validation,
+    check_fraction,
     check_split,
     in_heldout,
+    nonempty_split,
     register_task,
     stable_hash,
     step_info,
@@ -327,8 +331,10 @@ class CodegenTask(SandboxedCodeTask):
     memory_mb = 256
 
     def __init__(self, n_tests: int = 5, heldout_fraction: float = 0.2, families: Sequence[str] | None = None,
-                 seed: int = 0, workers: int | None = None, sandbox_batch: int = BATCH_SIZE):
+                 seed: int = 0, workers: int | None = None, sandbox_batch: int = BATCH_SIZE,
+                 validation_fraction: float = 0.0):
         super().__init__(workers, sandbox_batch)
+        self.validation_fraction = check_fraction("codegen", "validation_fraction", validation_fraction)
         if not 0.0 < heldout_fraction < 1.0:
             raise ConfigError(f"codegen heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
         if not (isinstance(n_tests, int) and 1 <= n_tests <= 20):
@@ -345,7 +351,7 @@ class CodegenTask(SandboxedCodeTask):
 
     def _build(self) -> None:
         salt = f"codegen/{self.seed}"
-        splits: dict[str, list[Problem]] = {"train": [], "heldout": []}
+        splits: dict[str, list[Problem]] = {"train": [], "validation": [], "heldout": []}
         for family in self.families:
             for params in family.grid:
                 pid = f"codegen:{family.name}" + (f":{_param_key(params)}" if params else "")
@@ -357,11 +363,13 @@ class CodegenTask(SandboxedCodeTask):
                 splits[split].append(Problem(id=pid, prompt=prompt, answer=answer, meta=meta))
         for split, items in splits.items():
             random.Random(stable_hash(f"{salt}/{split}/order")).shuffle(items)
+        splits["train"], splits["validation"] = carve_validation(splits["train"], self.validation_fraction, salt)
         self._cache = splits
 
     def problems(self, split: str) -> list[Problem]:
-        """The problems of ``split``: deterministic, and disjoint across splits."""
+        """The problems of ``split``: deterministic, and disjoint across splits (validation: the share
+        ``validation_fraction`` of the train side, none by default)."""
         check_split(split)
         if not self._cache:
             self._build()
-        return list(self._cache[split])
+        return list(nonempty_split(self.name, split, self._cache[split], VALIDATION_HINT.format(task=self.name)))

@@ -17,7 +17,16 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Problem, check_split, register_task, stable_hash
+from .base import (
+    VALIDATION_HINT,
+    Problem,
+    carve_validation,
+    check_fraction,
+    check_split,
+    nonempty_split,
+    register_task,
+    stable_hash,
+)
 from .codegen import SandboxedCodeTask
 
 N_PROBLEMS = 164
@@ -84,8 +93,10 @@ class HumanEvalTask(SandboxedCodeTask):
     chat_max_new_tokens = 320  # a HumanEval function with its docstring repeated, in BPE tokens
     memory_mb = 512
 
-    def __init__(self, heldout_fraction: float = 0.5, seed: int = 0, workers: int | None = None):
+    def __init__(self, heldout_fraction: float = 0.5, seed: int = 0, workers: int | None = None,
+                 validation_fraction: float = 0.0):
         super().__init__(workers)
+        self.validation_fraction = check_fraction("humaneval", "validation_fraction", validation_fraction)
         if not 0.0 < heldout_fraction <= 1.0:
             raise ConfigError(f"humaneval heldout_fraction must be in (0, 1], got {heldout_fraction!r}")
         self.heldout_fraction, self.seed = heldout_fraction, seed
@@ -100,12 +111,14 @@ class HumanEvalTask(SandboxedCodeTask):
         random.Random(stable_hash(f"humaneval/{self.seed}")).shuffle(order)
         n_heldout = round(self.heldout_fraction * len(problems))
         held = set(order[:n_heldout])
-        self._cache = {"heldout": [problems[i] for i in sorted(held)],
-                       "train": [p for i, p in enumerate(problems) if i not in held]}
+        train, validation = carve_validation([p for i, p in enumerate(problems) if i not in held],
+                                             self.validation_fraction, f"humaneval/{self.seed}")
+        self._cache = {"heldout": [problems[i] for i in sorted(held)], "train": train, "validation": validation}
 
     def problems(self, split: str) -> list[Problem]:
-        """The problems of ``split`` (dataset order); ``heldout_fraction=1`` puts all 164 in heldout."""
+        """The problems of ``split`` (dataset order); ``heldout_fraction=1`` puts all 164 in heldout; validation is
+        the share ``validation_fraction`` of the train side (none by default)."""
         check_split(split)
         if not self._cache:
             self._build()
-        return list(self._cache[split])
+        return list(nonempty_split(self.name, split, self._cache[split], VALIDATION_HINT.format(task=self.name)))

@@ -17,6 +17,7 @@ are thread-safe). See docs/tasks.md.
 
 from __future__ import annotations
 
+import random
 import re
 import string
 import threading
@@ -28,7 +29,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .base import Problem, check_split, in_heldout, parse_tagged_turn, register_task, self_report
+from .base import (
+    Problem,
+    check_fraction,
+    check_split,
+    in_heldout,
+    nonempty_split,
+    parse_tagged_turn,
+    register_task,
+    self_report,
+    stable_hash,
+)
 from .rag_kb import (
     CONSONANTS,
     RELATIONS,
@@ -219,7 +230,7 @@ class RAGTask:
     def __init__(self, k: int = 2, max_turns: int = 4, metric: str = "em", report: str = "confidence",
                  instructions: bool = True, n_companies: int = 48, people: int = 3, heldout_fraction: float = 0.2,
                  seed: int = 0, corpus: str | None = None, questions: str | None = None, passage_chars: int = 300,
-                 search_credit: float = 0.0):
+                 search_credit: float = 0.0, validation_fraction: float = 0.0):
         self.k = _int_option("k", k, 1, 50)
         self.max_turns = _int_option("max_turns", max_turns, 1)
         self.n_companies = _int_option("n_companies", n_companies, 1)
@@ -236,6 +247,10 @@ class RAGTask:
         if isinstance(search_credit, bool) or not isinstance(search_credit, (int, float)) or not 0 <= search_credit <= 1:
             raise ConfigError(f"rag search_credit must be a number in [0, 1], got {search_credit!r}")
         self.search_credit = float(search_credit)
+        self.validation_fraction = check_fraction("rag", "validation_fraction", validation_fraction)
+        if self.validation_fraction and corpus is None:
+            raise ConfigError("rag validation_fraction applies to a questions file; the generated knowledge base has a "
+                              "validation collection of its own")
         if not isinstance(instructions, bool):
             raise ConfigError(f"rag instructions must be true or false, got {instructions!r}")
         if (corpus is None) != (questions is None):
@@ -248,7 +263,9 @@ class RAGTask:
         self._splits: dict[str, list[Problem]] | None = None
         self._passages: list[Passage] = []
         self._key: tuple = ()
-        self._index: Index | None = None
+        self._collections: dict[str, tuple[tuple, list[Passage]]] = {}
+        self._names: set[str] = set()
+        self._index: dict[str, Index] = {}
         self._lock = threading.Lock()
         self._load()
 
@@ -259,16 +276,38 @@ class RAGTask:
             self._passages = kb.passages
             self._key = ("kb", self.seed, self.n_companies, self.people)
             records = kb_questions(kb, self.heldout_fraction, self.seed)
+            self._names = {name.lower() for name in kb.kinds}  # the validation collection's names avoid these
         else:
             self._passages = load_corpus(self.corpus)
             stat = Path(self.corpus).expanduser().resolve().stat()
             self._key = ("file", str(Path(self.corpus).expanduser().resolve()), stat.st_mtime_ns, stat.st_size)
-            records = {"train": [], "heldout": []}
+            records = {"train": [], "validation": [], "heldout": []}
             for rec in load_questions(self.questions):
                 held = rec["split"] == "heldout" if rec["split"] else in_heldout(rec["id"], self.heldout_fraction,
                                                                                  f"rag/{self.seed}")
-                records["heldout" if held else "train"].append(rec)
+                kept = rec["split"] == "validation" or (
+                    not held and not rec["split"] and in_heldout(rec["id"], self.validation_fraction,
+                                                                 f"rag/{self.seed}/validation"))
+                records["validation" if kept else "heldout" if held else "train"].append(rec)
+        self._collections["main"] = (self._key, self._passages)
         self._splits = {split: [self._problem(r) for r in recs] for split, recs in records.items()}
+
+    def _generate_validation(self) -> None:
+        """The generated knowledge base's validation split, built on first use: the questions of as many new clusters
+        as heldout has (entities named apart from every train and heldout one), each searching the main collection
+        with the new clusters' passages added, as a heldout question searches the main collection with its own
+        clusters' passages in it. Train and heldout questions, passages and searches are as without it."""
+        with self._lock:
+            if "validation" in self._collections:
+                return
+            n = round(self.heldout_fraction * self.n_companies)
+            other = generate_kb(self.seed, n, self.people, "validation", self._names) if n else None
+            records = kb_questions(other, 1.0, self.seed)["heldout"] if other else []
+            assert self._splits is not None
+            self._splits["validation"] = [self._problem({**r, "collection": "validation"}) for r in records]
+            passages = self._passages + (other.passages if other else [])
+            random.Random(stable_hash(f"rag/validation/{self.seed}")).shuffle(passages)  # position says nothing
+            self._collections["validation"] = ((*self._key, "validation"), passages)
 
     def _problem(self, rec: dict[str, Any]) -> Problem:
         meta = {k: v for k, v in rec.items() if k not in ("id", "split", "line")}
@@ -285,23 +324,34 @@ class RAGTask:
         return f"{head}Question: {problem.meta['question']}"
 
     def problems(self, split: str) -> list[Problem]:
-        """The problems of ``split`` (deterministic; the generated splits share no entity)."""
+        """The problems of ``split`` (deterministic; the generated splits share no entity, and validation questions
+        search a collection of their own)."""
         check_split(split)
-        return list(self._splits[split])
+        assert self._splits is not None
+        if split == "validation" and self.corpus is None and "validation" not in self._collections:
+            self._generate_validation()
+        hint = ("mark questions \"split\": \"validation\" in the questions file, or set the task option "
+                "validation_fraction=F to move that share of its train questions there")
+        return list(nonempty_split(self.name, split, self._splits[split], hint))
 
     @property
     def passages(self) -> list[Passage]:
         """The collection's passages."""
         return list(self._passages)
 
-    def index(self) -> Index:
-        """The collection's BM25 index, built on first use and shared by every environment and task."""
-        if self._index is None:
+    def index(self, collection: str = "main") -> Index:
+        """The BM25 index of a collection (``main``, or the generated knowledge base's ``validation`` one: a
+        problem's ``meta["collection"]``), built on first use and shared by every environment and task."""
+        if collection not in self._index:
             with self._lock:
-                if self._index is None:
+                if collection not in self._index:
                     name = f"rag corpus file {self.corpus}" if self.corpus else "the generated knowledge base"
-                    self._index = shared_index(self._key, self._passages, name)
-        return self._index
+                    if collection not in self._collections:
+                        raise ConfigError(f"rag has no collection {collection!r}")
+                    key, passages = self._collections[collection]
+                    self._index[collection] = shared_index(key, passages, name + (
+                        "" if collection == "main" else f" ({collection})"))
+        return self._index[collection]
 
     # ------------------------------------------------------------------ verifier
     def outcome(self, problem: Problem, answer: str) -> dict[str, float]:
@@ -394,7 +444,8 @@ class RAGTask:
             candidates = [f"{subject[:i]}{c}{subject[i + 1:]} {name}" for i in range(1, len(subject))
                           for c in (VOWELS if subject[i] in VOWELS else CONSONANTS) if c != subject[i]]
         for query in candidates:
-            if relation.read(render(self.index().search(query, self.k), self.passage_chars), subject) is None:
+            index = self.index(problem.meta.get("collection", "main"))
+            if relation.read(render(index.search(query, self.k), self.passage_chars), subject) is None:
                 return query
         return None
 
@@ -449,6 +500,7 @@ class RAGEnv:
     def reset(self, problem: Problem) -> str:
         """Start an episode; return the prompt."""
         self.problem, self.turns, self.searches, self.done = problem, 0, 0, False
+        self.index = self.task.index(problem.meta.get("collection", "main"))
         self.found = set()
         self.needs = self.task._needs(problem) if self.task.search_credit > 0 else []
         return problem.prompt

@@ -17,7 +17,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from ..errors import ConfigError
 from .base import SPLITS, stable_hash
@@ -117,13 +117,21 @@ def _names(rng: random.Random, count: int, syllables: int, coda: bool, taken: se
     return out
 
 
-def generate_kb(seed: int, n_companies: int, people: int) -> KnowledgeBase:
-    """The knowledge base of ``n_companies`` clusters of one company and ``people`` persons; deterministic."""
+def generate_kb(seed: int, n_companies: int, people: int, stream: str = "",
+                exclude: Collection[str] = ()) -> KnowledgeBase:
+    """The knowledge base of ``n_companies`` clusters of one company and ``people`` persons; deterministic.
+    ``stream`` names another knowledge base of the same shape (its passage ids carry it as a prefix), whose names
+    avoid ``exclude`` (lower case): rag's validation collection is ``stream="validation"``, clear of the main
+    one's names."""
     if n_companies * people > MAX_PERSONS or n_companies > MAX_COMPANIES:
         raise ConfigError(f"rag knowledge base of {n_companies} companies x {people} people is too large: the generated "
                           f"names allow at most {MAX_PERSONS} persons and {MAX_COMPANIES} companies")
-    rng = random.Random(stable_hash(f"rag/kb/{seed}/{n_companies}/{people}"))
-    taken: set[str] = set()
+    persons_taken = sum(1 for name in exclude if len(name) == 4)  # a person's name is two CV syllables
+    if n_companies * people + persons_taken > MAX_PERSONS:
+        raise ConfigError(f"rag knowledge base of {n_companies} companies x {people} people is too large for a "
+                          f"{stream} collection of its own: {persons_taken} of the {MAX_PERSONS} person names are taken")
+    rng = random.Random(stable_hash(f"rag/kb/{seed}/{n_companies}/{people}" + (f"/{stream}" if stream else "")))
+    taken: set[str] = set(exclude)
     companies = _names(rng, n_companies, 2, True, taken)
     persons = _names(rng, n_companies * people, 2, False, taken)
     facts: dict[tuple[str, str], str] = {}
@@ -153,7 +161,7 @@ def generate_kb(seed: int, n_companies: int, people: int) -> KnowledgeBase:
     rng.shuffle(texts)  # a passage's position says nothing about what it is
     passages, support = [], {}
     for j, (key, text) in enumerate(texts):
-        passages.append(Passage(f"kb{j}", text))
+        passages.append(Passage(f"{stream}-kb{j}" if stream else f"kb{j}", text))
         if key is not None:
             support[key] = passages[-1].id
     return KnowledgeBase(passages, facts, support, clusters, kinds)
@@ -244,7 +252,7 @@ def load_corpus(path: str | Path) -> list[Passage]:
 
 def load_questions(path: str | Path) -> list[dict[str, Any]]:
     """Question records from a JSONL file of ``{"id", "question", "answers": [str, ...]}`` with optional
-    ``"hops"`` (a positive integer, default 1) and ``"split"`` (train or heldout); one ConfigError naming
+    ``"hops"`` (a positive integer, default 1) and ``"split"`` (train, validation or heldout); one ConfigError naming
     the file and line for a malformed or duplicate entry."""
     out, seen = [], set()
     for n, obj in _read_jsonl(path, "questions"):

@@ -296,13 +296,15 @@ class Text2SQLTask:
 
     def __init__(self, n_train_dbs: int = 24, n_heldout_dbs: int = 6, per_template: int = 2, max_turns: int = 6,
                  reflect: str = "off", instructions: bool = True, schema: bool = True,
-                 templates: Sequence[str] | str | None = None, seed: int = 0, query_timeout_s: float = QUERY_TIMEOUT_S):
+                 templates: Sequence[str] | str | None = None, seed: int = 0, query_timeout_s: float = QUERY_TIMEOUT_S,
+                 n_validation_dbs: int = 6):
         if reflect not in ("off", "inline", "turn"):
             raise ConfigError(f"text2sql reflect must be off, inline or turn, got {reflect!r}")
         if not (isinstance(max_turns, int) and max_turns >= 1):
             raise ConfigError(f"text2sql max_turns must be a positive integer, got {max_turns!r}")
-        if min(n_train_dbs, n_heldout_dbs) < 1 or per_template < 1:
-            raise ConfigError("text2sql n_train_dbs, n_heldout_dbs and per_template must be at least 1")
+        if min(n_train_dbs, n_heldout_dbs, n_validation_dbs) < 1 or per_template < 1:
+            raise ConfigError("text2sql n_train_dbs, n_validation_dbs, n_heldout_dbs and per_template must be at "
+                              "least 1")
         if not query_timeout_s > 0:
             raise ConfigError(f"text2sql query_timeout_s must be positive, got {query_timeout_s!r}")
         names = templates.split(",") if isinstance(templates, str) else list(templates or TEMPLATE_BY_NAME)
@@ -311,7 +313,7 @@ class Text2SQLTask:
             raise ConfigError(f"unknown text2sql templates {unknown or names}; "
                               f"available: {', '.join(TEMPLATE_BY_NAME)}")
         self.templates = [TEMPLATE_BY_NAME[n] for n in names]
-        self.n_dbs = {"train": n_train_dbs, "heldout": n_heldout_dbs}
+        self.n_dbs = {"train": n_train_dbs, "validation": n_validation_dbs, "heldout": n_heldout_dbs}
         self.per_template, self.max_turns, self.reflect = per_template, max_turns, reflect
         self.instructions, self.schema, self.seed, self.query_timeout_s = instructions, schema, seed, query_timeout_s
         if reflect == "inline":
@@ -369,7 +371,7 @@ class Text2SQLTask:
         return out
 
     def problems(self, split: str) -> list[Problem]:
-        """The problems of ``split``: train and heldout use different databases, so they are disjoint."""
+        """The problems of ``split``: each split has databases of its own, so the splits are disjoint."""
         check_split(split)
         if split not in self._cache:
             self._cache[split] = [p for i in range(self.n_dbs[split]) for p in self._db_problems(split, i)]

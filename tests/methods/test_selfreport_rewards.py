@@ -1,0 +1,183 @@
+"""The self-report terms a constant cannot win (docs/methods-llm.md; METHODS.md 7b) on hand-worked cases: the
+class-balanced agreement bonus and the group rank reward, each with a constant reporter earning exactly the chance
+rate, a perfect one, groups that are all right or all wrong, and missing reports; then refgrpo and rlcr using them
+through the method contract (episode and split credit) and the option checks."""
+
+import pytest
+import torch
+
+from reflectrl.core.advantages import group_advantages
+from reflectrl.errors import ConfigError
+from reflectrl.methods.base import MethodRunner, StepBatch
+from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions
+from reflectrl.methods.rewards import as_nan, balanced_reflection_bonus, group_rank_reward, reflection_bonus
+from reflectrl.methods.rlcr import RLCR, RLCROptions
+from reflectrl.trainer import check_all
+
+NAN = float("nan")
+C = 0.1
+
+
+def t(values):
+    return as_nan(values)
+
+
+def groups_of(n_rows, size):
+    return torch.arange(n_rows) // size
+
+
+# ------------------------------------------------------------------------------------------ balanced agreement
+def test_balanced_bonus_hand_case():
+    """p = 1/4: a right answer's agreeing reflection earns c / (2 * 1/4) = 2c, a wrong one's c / (2 * 3/4)."""
+    got = balanced_reflection_bonus(t([1, 0, 0, 0]), t([1, 0, 0, 0]), C, groups_of(4, 4))
+    torch.testing.assert_close(got, torch.tensor([2 * C, C / 1.5, C / 1.5, C / 1.5]))
+    # disagreeing rows earn nothing; the weights are the group's, not the batch's
+    got = balanced_reflection_bonus(t([1, 0, 0, 0, 1, 1, 0, 0]), t([0, 0, 1, 0, 1, 0, 0, 1]), C, groups_of(8, 4))
+    torch.testing.assert_close(got, torch.tensor([0, C / 1.5, 0, C / 1.5, C, 0, C, 0]))
+
+
+@pytest.mark.parametrize("outcomes", [[1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 1]])
+def test_balanced_bonus_constants_earn_c_over_2_and_a_perfect_reporter_c(outcomes):
+    o = t(outcomes)
+    g = torch.zeros(len(outcomes), dtype=torch.long)
+    for const in (0, 1):
+        mean = float(balanced_reflection_bonus(o, torch.full_like(o, float(const)), C, g).mean())
+        assert mean == pytest.approx(C / 2)  # whatever the accuracy: the chance rate
+    assert float(balanced_reflection_bonus(o, o.clone(), C, g).mean()) == pytest.approx(C)
+    # the plain agreement bonus pays the majority constant more than c/2 (what the balanced one removes)
+    assert float(reflection_bonus(o, torch.full_like(o, float(o.mean() > 0.5)), C).mean()) > C / 2
+
+
+def test_balanced_bonus_all_equal_groups_and_missing_reflections():
+    g = groups_of(8, 4)
+    # group 0 all right, group 1 all wrong: no signal, whatever is said
+    got = balanced_reflection_bonus(t([1, 1, 1, 1, 0, 0, 0, 0]), t([1, 1, 0, 1, 0, 0, 1, 0]), C, g)
+    torch.testing.assert_close(got, torch.zeros(8))
+    # a missing reflection earns 0 but its outcome still counts in p (here 1/2: weights 1 on both classes)
+    got = balanced_reflection_bonus(t([1, 0, 1, 0]), t([NAN, 0, 1, NAN]), C, groups_of(4, 4))
+    torch.testing.assert_close(got, torch.tensor([0, C, C, 0]))
+
+
+# ------------------------------------------------------------------------------------------ group rank reward
+def test_rank_reward_hand_case():
+    """Group 0: a success at 0.9 against failures 0.1, 0.2, 0.9 (2 above, 1 tie: 2.5/3 - 1/2); the failures at 0.1
+    and 0.2 are below the success (+1/2), the one at 0.9 ties it (0). Group 1: a missing report earns 0 and is out
+    of the pairs; the success at 0.5 is above 0.4 and ties 0.5."""
+    got = group_rank_reward(t([1, 0, 0, 0, 1, 1, 0, 0]), t([0.9, 0.1, 0.2, 0.9, NAN, 0.5, 0.5, 0.4]), groups_of(8, 4))
+    torch.testing.assert_close(got, torch.tensor([2.5 / 3 - 0.5, 0.5, 0.5, 0.0, 0.0, 0.25, 0.0, 0.5]))
+
+
+def test_rank_reward_constant_earns_0_and_perfect_earns_half():
+    o = t([1, 0, 0, 0, 1, 1, 0, 1])
+    g = groups_of(8, 4)
+    torch.testing.assert_close(group_rank_reward(o, torch.full_like(o, 0.3), g), torch.zeros(8))
+    perfect = torch.where(o > 0, 0.8, 0.1) + 0.01 * torch.arange(8)  # every success above every failure of its group
+    torch.testing.assert_close(group_rank_reward(o, perfect, g), torch.full((8,), 0.5))
+    # the reverse ranking: -1/2 everywhere; the group's mean is its AUROC - 1/2
+    torch.testing.assert_close(group_rank_reward(o, 1 - perfect, g), torch.full((8,), -0.5))
+
+
+def test_rank_reward_all_equal_groups_missing_and_no_partner():
+    g = groups_of(8, 4)
+    got = group_rank_reward(t([1, 1, 1, 1, 0, 0, 0, 0]), t([0.9, 0.1, 0.5, 0.3, 0.2, 0.8, 0.4, 0.6]), g)
+    torch.testing.assert_close(got, torch.zeros(8))
+    # the only failure's report is missing: the successes have no partner (0), the failure earns 0
+    got = group_rank_reward(t([1, 1, 0, 1]), t([0.9, 0.1, NAN, 0.5]), groups_of(4, 4))
+    torch.testing.assert_close(got, torch.zeros(4))
+
+
+def test_rank_reward_on_reflections_and_unsorted_group_ids():
+    """Binary reflections are reports too; group ids need not be contiguous or sorted."""
+    o, r = t([1, 0, 1, 0]), t([1, 0, 0, 0])
+    g = torch.tensor([7, 3, 3, 7])  # group 7: rows 0 and 3; group 3: rows 1 and 2
+    # group 7: success says 1, failure 0: +1/2 each; group 3: both say 0: ties, 0 each
+    torch.testing.assert_close(group_rank_reward(o, r, g), torch.tensor([0.5, 0.0, 0.0, 0.5]))
+
+
+def test_rank_reward_group_mean_is_auroc_minus_half():
+    """Each class's mean share is the group's AUROC (Mann-Whitney), so the group's mean reward is AUROC - 1/2."""
+    from reflectrl.eval.calibration import auroc
+
+    gen = torch.Generator().manual_seed(0)
+    o = (torch.rand(16, generator=gen) < 0.4).float()
+    o[0], o[1] = 1.0, 0.0
+    q = torch.round(torch.rand(16, generator=gen) * 4) / 4  # ties included
+    reward = group_rank_reward(o, q, torch.zeros(16, dtype=torch.long))
+    area = auroc(q.tolist(), o.tolist())
+    assert 0.5 < area < 1 or 0 < area < 0.5  # not a degenerate case
+    for cls in (o > 0, o == 0):
+        assert float(reward[cls].mean()) == pytest.approx(area - 0.5, abs=1e-6)
+    assert float(reward.mean()) == pytest.approx(area - 0.5, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ through the methods
+def _batch(outcome, group_size, steps=4, **reports):
+    """Two-turn rows of 4 tokens: the answer (turn 0, tokens 0-1) and the self-report (turn 1, tokens 2-3)."""
+    R = len(outcome)
+    end = torch.zeros(R, steps, dtype=torch.bool)
+    end[:, -1] = True
+    z = torch.zeros(R, steps)
+    info = {"outcome": t(outcome), "correct": t(outcome), "report_asked": torch.ones(R)}
+    info.update({k: t(v) for k, v in reports.items()})
+    adv = group_advantages(t(outcome), groups_of(R, group_size))[:, None].expand(-1, steps).clone()
+    return StepBatch(states=torch.zeros(R, steps, 2), features=torch.zeros(R, steps, 2), rewards=z, values=z,
+                     advantages=adv, returns=z, episode_end=end, terminated=end, next_values=z,
+                     mask=torch.ones(R, steps), group_size=group_size, turn_ids=torch.tensor([[0, 0, 1, 1]] * R),
+                     info=info)
+
+
+OUT = [1, 0, 0, 0, 1, 1, 0, 1]
+REFL = [1, 0, 1, 0, 1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("kind", ["balanced", "rank"])
+def test_refgrpo_new_bonuses_under_episode_and_split_credit(kind):
+    g = groups_of(8, 4)
+    want = (balanced_reflection_bonus(t(OUT), t(REFL), C, g) if kind == "balanced"
+            else C * group_rank_reward(t(OUT), t(REFL), g))
+    assert float(want.abs().sum()) > 0 and not torch.equal(want, reflection_bonus(t(OUT), t(REFL), C))
+    m = RefGRPO(RefGRPOOptions(refgrpo_reward=kind))
+    sh = MethodRunner(m).run(_batch(OUT, 4, reflection=REFL))
+    torch.testing.assert_close(sh.reward_delta[:, -1], want)  # at the last token, before normalization
+    assert float(sh.reward_delta[:, :-1].abs().sum()) == 0.0
+    assert m.metrics()["refgrpo/bonus_mean"] == pytest.approx(float(want.mean()))
+    b = _batch(OUT, 4, reflection=REFL)
+    sh = MethodRunner(RefGRPO(RefGRPOOptions(refgrpo_reward=kind, refgrpo_credit="split"))).run(b)
+    adv = b.advantages + sh.advantage_delta
+    torch.testing.assert_close(adv[:, :2], b.advantages[:, :2])  # the answer keeps the outcome's advantage
+    torch.testing.assert_close(adv[:, 2:], group_advantages(want, g)[:, None].expand(-1, 2))
+
+
+def test_refgrpo_default_is_the_agreement_bonus():
+    assert RefGRPOOptions().refgrpo_reward == "agreement"
+    sh = MethodRunner(RefGRPO(RefGRPOOptions())).run(_batch(OUT, 4, reflection=REFL))
+    torch.testing.assert_close(sh.reward_delta[:, -1], reflection_bonus(t(OUT), t(REFL), C))
+
+
+def test_rlcr_rank_calibration_goes_on_the_confidence_turn():
+    q = [0.9, 0.2, None, 0.4, 0.6, 0.6, 0.5, 0.7]  # row 2 missing: the format penalty, and out of the pairs
+    b = _batch(OUT, 4, confidence=q)
+    m = RLCR(RLCROptions(rlcr_credit="split", rlcr_calibration="rank"))
+    sh = MethodRunner(m).run(b)
+    g = groups_of(8, 4)
+    rank = group_rank_reward(t(OUT), t(q), g)
+    # group 0: success 0.9 above both valid failures (+1/2); failures 0.2, 0.4 below it (+1/2); row 2 missing
+    torch.testing.assert_close(rank[:4], torch.tensor([0.5, 0.5, 0.0, 0.5]))
+    term = torch.where(torch.isnan(t(q)), torch.tensor(-2.0), rank)
+    adv = b.advantages + sh.advantage_delta
+    torch.testing.assert_close(adv[:, :2], b.advantages[:, :2])
+    torch.testing.assert_close(adv[:, 2:], group_advantages(term, g)[:, None].expand(-1, 2))
+    assert m.metrics()["rlcr/rank_mean"] == pytest.approx(float(rank[~torch.isnan(t(q))].mean()))
+    # the default (brier) is unchanged: the calibration term is -(q - y)^2
+    b = _batch(OUT, 4, confidence=q)
+    sh = MethodRunner(RLCR(RLCROptions(rlcr_credit="split"))).run(b)
+    brier = torch.where(torch.isnan(t(q)), torch.tensor(-2.0), -(t(q).nan_to_num(0) - t(OUT)) ** 2)
+    torch.testing.assert_close((b.advantages + sh.advantage_delta)[:, 2:],
+                               group_advantages(brier, g)[:, None].expand(-1, 2))
+
+
+def test_rlcr_rank_needs_split_credit():
+    assert RLCROptions().rlcr_calibration == "brier"
+    with pytest.raises(ConfigError, match="--rlcr-calibration rank takes --rlcr-credit split"):
+        check_all(RLCROptions(rlcr_calibration="rank").validate_rlcr())
+    check_all(RLCROptions(rlcr_calibration="rank", rlcr_credit="split").validate_rlcr())

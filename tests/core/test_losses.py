@@ -269,3 +269,33 @@ def test_explained_variance_constant_target_is_nan():
     y = torch.full((5,), 3.0)
     assert math.isnan(explained_variance(torch.randn(5), y))
     assert math.isnan(explained_variance(y.clone(), y))
+
+
+@pytest.mark.parametrize("clip_c,clip_high,clamp", [(1.5, None, None), (3.0, 0.28, 0.5), (None, 0.28, None)])
+def test_exgrpo_fresh_tokens_take_the_one_clipped_term_with_every_option(clip_c, clip_high, clamp):
+    """exgrpo's loss on fresh tokens is the vanilla loss, dual-clip included (it once dropped dual-clip: with
+    clip_ratio_c 1.5 a token of ratio e^2 and advantage -1 cost e^2 = 7.389 there and 1.5 under the vanilla loss)."""
+    from reflectrl.core.losses import PolicyLossConfig, clipped_policy_loss, mixed_policy_loss
+
+    g = torch.Generator().manual_seed(7)
+    lp, old = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    adv, mask = torch.randn(4, 6, generator=g), (torch.rand(4, 6, generator=g) > 0.2).float()
+    cfg = PolicyLossConfig(clip_ratio_high=clip_high, clip_ratio_c=clip_c, log_ratio_clamp=clamp)
+    want, want_stats = clipped_policy_loss(old, lp, adv, mask, config=cfg)
+    got, stats = mixed_policy_loss(old, lp, adv, mask, config=cfg, offpolicy=torch.zeros(4, 6), stored_logp=old)
+    assert torch.equal(got, want)
+    assert all(torch.equal(stats[k], want_stats[k]) for k in want_stats)
+    one = mixed_policy_loss(torch.full((1, 1), -2.0), torch.zeros(1, 1), torch.full((1, 1), -1.0), None,
+                            config=PolicyLossConfig(clip_ratio_c=1.5))[0]
+    assert float(one) == 1.5
+
+
+def test_exgrpo_replayed_tokens_take_the_shaped_term_not_the_clip():
+    from reflectrl.core.losses import PolicyLossConfig, mixed_policy_loss, shaped_ratio
+
+    lp, old, stored = torch.zeros(1, 2), torch.full((1, 2), -2.0), torch.full((1, 2), -1.0)
+    adv = torch.full((1, 2), -1.0)
+    loss, _ = mixed_policy_loss(old, lp, adv, None, config=PolicyLossConfig(clip_ratio_c=1.5),
+                                offpolicy=torch.tensor([[1.0, 0.0]]), stored_logp=stored)
+    replayed = float(shaped_ratio(torch.tensor(math.e)))  # -A * f(w), w = e^(0 - (-1))
+    assert float(loss) == pytest.approx((replayed + 1.5) / 2)

@@ -34,32 +34,50 @@ def ppo_policy_loss(
     term is the one taken, i.e. the clip changes the loss), ``dual_clip_frac``, ``approx_kl`` (k3, as
     CleanRL logs it), ``old_approx_kl`` (k1).
     """
-    clip_high = clip_low if clip_high is None else clip_high
-    log_ratio = logp - old_logp
-    if log_ratio_clamp is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    ratio = log_ratio.exp()
-    pg1 = -advantages * ratio
-    pg2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    clipped_loss = torch.maximum(pg1, pg2)
-    per_step = clipped_loss
-    if clip_c is not None:
-        pg3 = -advantages * clip_c
-        per_step = torch.where(advantages < 0, torch.minimum(pg3, clipped_loss), clipped_loss)
-    loss = agg_loss(per_step, mask, agg_mode, norm_len)
-    with torch.no_grad():
-        m = None if mask is None else mask.to(ratio.dtype)
-        outside = (ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)
-        binding = ((ratio < 1.0 - clip_low) & (advantages < 0)) | ((ratio > 1.0 + clip_high) & (advantages > 0))
-        stats = {
-            "clipfrac": masked_mean(outside.to(ratio.dtype), m),
-            "clip_binding_frac": masked_mean(binding.to(ratio.dtype), m),
-            "approx_kl": masked_mean((ratio - 1) - log_ratio, m),
-            "old_approx_kl": masked_mean(-log_ratio, m),
-        }
+    term = ClippedTerm(logp, old_logp, advantages, clip_low, clip_high, clip_c, log_ratio_clamp)
+    loss = agg_loss(term.per_step, mask, agg_mode, norm_len)
+    return loss, term.stats(None if mask is None else mask.to(term.ratio.dtype))
+
+
+class ClippedTerm:
+    """The one clipped policy term every policy loss takes (per step, ``[R, T]``): the PPO clip with clip-higher,
+    optional dual-clip and log-ratio clamp (:func:`ppo_policy_loss` documents each), and its statistics. A loss
+    that treats some steps otherwise (exgrpo's replayed tokens) puts its own term over this one with
+    ``torch.where``, so that every option of the clip holds for the other steps."""
+
+    def __init__(self, logp: Steps, old_logp: Steps, advantages: Steps, clip_low: float = 0.2,
+                 clip_high: float | None = None, clip_c: float | None = None, log_ratio_clamp: float | None = None):
+        self.clip_low, self.clip_high = clip_low, clip_low if clip_high is None else clip_high
+        self.clip_c, self.advantages = clip_c, advantages
+        log_ratio = logp - old_logp
+        if log_ratio_clamp is not None:
+            log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+        self.log_ratio = log_ratio
+        self.ratio = ratio = log_ratio.exp()
+        pg1 = -advantages * ratio
+        pg2 = -advantages * ratio.clamp(1.0 - self.clip_low, 1.0 + self.clip_high)
+        self.clipped = torch.maximum(pg1, pg2)
+        self.per_step = self.clipped
         if clip_c is not None:
-            stats["dual_clip_frac"] = masked_mean(((clipped_loss > -advantages * clip_c) & (advantages < 0)).to(ratio.dtype), m)
-    return loss, stats
+            pg3 = -advantages * clip_c
+            self.per_step = torch.where(advantages < 0, torch.minimum(pg3, self.clipped), self.clipped)
+
+    def stats(self, m: Tensor | None) -> dict[str, Tensor]:
+        """Detached statistics over the steps weighted by ``m`` (None: all)."""
+        ratio, adv, low, high = self.ratio, self.advantages, self.clip_low, self.clip_high
+        with torch.no_grad():
+            outside = (ratio < 1.0 - low) | (ratio > 1.0 + high)
+            binding = ((ratio < 1.0 - low) & (adv < 0)) | ((ratio > 1.0 + high) & (adv > 0))
+            stats = {
+                "clipfrac": masked_mean(outside.to(ratio.dtype), m),
+                "clip_binding_frac": masked_mean(binding.to(ratio.dtype), m),
+                "approx_kl": masked_mean((ratio - 1) - self.log_ratio, m),
+                "old_approx_kl": masked_mean(-self.log_ratio, m),
+            }
+            if self.clip_c is not None:
+                dual = (self.clipped > -adv * self.clip_c) & (adv < 0)
+                stats["dual_clip_frac"] = masked_mean(dual.to(ratio.dtype), m)
+        return stats
 
 
 @dataclass
@@ -170,36 +188,27 @@ def mixed_policy_loss(old_log_prob: Steps, log_prob: Steps, advantages: Steps, r
                       loss_agg_mode: str = "token-mean", config: PolicyLossConfig | None = None,
                       offpolicy: StepMask | None = None, stored_logp: Steps | None = None,
                       **kwargs: object) -> tuple[Tensor, dict[str, Tensor]]:
-    """ExGRPO's mixed objective on one batch: fresh tokens take the clipped loss; tokens of replayed stored
+    """ExGRPO's mixed objective on one batch: fresh tokens take the clipped loss (:class:`ClippedTerm`, every
+    option of it: dual-clip, clip-higher, the log-ratio clamp); tokens of replayed stored
     trajectories (``offpolicy`` [R, T] = 1) take ``-A * f(w)`` with ``w = exp(logp - stored_logp)`` against the
     log-probs they were sampled with, unclipped (arXiv 2510.02245). Aggregated as ``loss_agg_mode``."""
     c = config or PolicyLossConfig()
-    clip_high = c.clip_ratio_low if c.clip_ratio_high is None else c.clip_ratio_high
-    log_ratio = log_prob - old_log_prob
-    if c.log_ratio_clamp is not None:
-        log_ratio = log_ratio.clamp(-c.log_ratio_clamp, c.log_ratio_clamp)
-    ratio = log_ratio.exp()
-    clipped = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1.0 - c.clip_ratio_low, 1.0 + clip_high))
-    per_step = clipped
+    term = ClippedTerm(log_prob, old_log_prob, advantages, c.clip_ratio_low, c.clip_ratio_high, c.clip_ratio_c,
+                       c.log_ratio_clamp)
+    per_step = term.per_step
     stats: dict[str, Tensor] = {}
-    m = None if response_mask is None else response_mask.to(ratio.dtype)
+    m = None if response_mask is None else response_mask.to(term.ratio.dtype)
     if offpolicy is not None and stored_logp is not None:
-        off = offpolicy.to(ratio.dtype)
+        off = offpolicy.to(term.ratio.dtype)
         w = torch.exp((log_prob - stored_logp).clamp(-20.0, 20.0))
-        per_step = torch.where(off > 0, -advantages * shaped_ratio(w), clipped)
+        per_step = torch.where(off > 0, -advantages * shaped_ratio(w), term.per_step)
         with torch.no_grad():
             mo = off if m is None else off * m
             mf = (1.0 - off) if m is None else (1.0 - off) * m
             stats["stored_ratio"] = masked_mean(w.detach(), mo)
-            stats["fresh_ratio"] = masked_mean(ratio.detach(), mf)
+            stats["fresh_ratio"] = masked_mean(term.ratio.detach(), mf)
             stats["stored_share"] = masked_mean(off, m)
     loss = agg_loss(per_step, response_mask, loss_agg_mode, c.norm_len)
-    with torch.no_grad():
-        fresh = m if offpolicy is None else ((1.0 - offpolicy.to(ratio.dtype)) * (m if m is not None else 1.0))
-        outside = (ratio < 1.0 - c.clip_ratio_low) | (ratio > 1.0 + clip_high)
-        binding = ((ratio < 1.0 - c.clip_ratio_low) & (advantages < 0)) | ((ratio > 1.0 + clip_high) & (advantages > 0))
-        stats.update({"clipfrac": masked_mean(outside.to(ratio.dtype), fresh),
-                      "clip_binding_frac": masked_mean(binding.to(ratio.dtype), fresh),
-                      "approx_kl": masked_mean((ratio - 1) - log_ratio, fresh),
-                      "old_approx_kl": masked_mean(-log_ratio, fresh)})
+    fresh = m if offpolicy is None else ((1.0 - offpolicy.to(term.ratio.dtype)) * (m if m is not None else 1.0))
+    stats.update(term.stats(fresh))
     return loss, stats

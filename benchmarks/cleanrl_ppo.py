@@ -164,7 +164,7 @@ def run(
                    "vf_coef": VF_COEF, "max_grad_norm": MAX_GRAD_NORM, "target_kl": TARGET_KL,
                    "batch_size": batch_size, "minibatch_size": minibatch_size}
         writer.add_text("hyperparameters",
-                        "|param|value|\n|-|-|\n%s" % "\n".join(f"|{k}|{v}|" for k, v in hparams.items()))
+                        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hparams.items()))
 
     envs = gym.vector.SyncVectorEnv(
         [_env_factory(env_id) for _ in range(num_envs)],
@@ -265,7 +265,7 @@ def run(
         # Optimise the policy and value networks.
         b_inds = np.arange(batch_size)
         clipfracs = []
-        for epoch in range(UPDATE_EPOCHS):
+        for _epoch in range(UPDATE_EPOCHS):
             np.random.shuffle(b_inds)
             for start in range(0, batch_size, minibatch_size):
                 mb_inds = b_inds[start : start + minibatch_size]

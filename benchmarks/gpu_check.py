@@ -32,9 +32,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 CLI = [sys.executable, "-m", "reflectrl"]
 METHODS = ("refgrpo", "rlcr", "refgrpo-seed", "gear-seed", "gear", "exgrpo", "exgrpo-seed")

@@ -219,7 +219,7 @@ def main() -> None:
     ours, theirs = statistics.median(runs["reflectrl"]), statistics.median(runs["trl"])
     result = {"benchmark": "llm_throughput", "reflectrl_tokens_per_s": round(ours, 1),
               "trl_tokens_per_s": round(theirs, 1),
-              "ratio": round(ours / theirs, 3), "clock": "process CPU time (threads=%d)" % a.threads,
+              "ratio": round(ours / theirs, 3), "clock": f"process CPU time (threads={a.threads})",
               "rounds": {k: [round(x, 1) for x in v] for k, v in runs.items()},
               "wall_tokens_per_s": {k: round(statistics.median(v), 1) for k, v in wall.items()},
               "model": model_desc, "task": "arith", "group_size": a.group_size, "rows_per_step": a.rows,

@@ -38,7 +38,7 @@ def run(cmd: str, cwd: Path) -> str:
     assert args[0] == "reflectrl", cmd
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.run([sys.executable, "-m", "reflectrl.cli", *args[1:]], cwd=cwd, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          capture_output=True)
     if proc.returncode != 0:
         sys.exit(f"failed ({proc.returncode}): {cmd}\n{proc.stderr[-2000:]}")
     return proc.stdout

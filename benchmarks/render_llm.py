@@ -46,10 +46,10 @@ def collect(dirs: list[Path], variant: str | None = None) -> None:
             r["variant"] = variant
         dst = RES / f"llm_learn_{r['task']}{variant_slug(variant)}_s{r['seed']}.json"
         metrics = d / "grpo" / "metrics.jsonl"
-        if r.get("reward_wait_fraction") is None and metrics.is_file():
-            # results written before llm_learn.py reported it: take it from the GRPO run's metrics when
-            # that run is the one the result describes (same number of updates)
-            if sum(1 for _ in metrics.open()) == r["updates"]:
+        # results written before llm_learn.py reported it: take it from the GRPO run's metrics when
+        # that run is the one the result describes (same number of updates)
+        if r.get("reward_wait_fraction") is None and metrics.is_file() and \
+                sum(1 for _ in metrics.open()) == r["updates"]:
                 wait, total = reward_wait(metrics)
                 r["reward_wait_fraction"] = round(wait / total, 4) if total > 0 else None
         dst.write_text(json.dumps(r, indent=2))
@@ -115,7 +115,7 @@ def episode_table() -> str:
     lines = ["| task | seed | searches per episode, before -> after | confidences stated per episode | "
              "per-step ECE | per-step AUROC | premature answers |", "|---|---|---|---|---|---|---|"]
     for r in runs:
-        cell = lambda k: f"{num(r, 'before_' + k)} -> {num(r, 'after_' + k)}"  # noqa: E731
+        cell = lambda k, r=r: f"{num(r, 'before_' + k)} -> {num(r, 'after_' + k)}"  # noqa: E731
         lines.append(f"| {name(r)} | {r['seed']} | {cell('tool_calls')} | {cell('step_reports')} | {cell('step_ece')} | "
                      f"{cell('step_auroc')} | {cell('premature_rate')} |")
     return "\n".join(lines)

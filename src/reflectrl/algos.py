@@ -153,7 +153,7 @@ def algo_names(kind: str) -> list[str]:
     return sorted(algo_table(kind))
 
 
-def config_for_algo(algo: str, **overrides: Any) -> "GRPOConfig":
+def config_for_algo(algo: str, **overrides: Any) -> GRPOConfig:
     """An LLM algo's config: GRPOConfig with the defaults of ``algo``, then ``overrides``."""
     return get_algo("llm", algo).config(**overrides)
 

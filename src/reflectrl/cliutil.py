@@ -8,7 +8,8 @@ import argparse
 import contextlib
 import json
 import warnings
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from .errors import ConfigError
 
@@ -178,10 +179,8 @@ def _show_warning(message: Any, category: type, filename: str, lineno: int, file
     text = str(message).replace("\n", " ")
     if not issubclass(category, UserWarning):
         text = f"{category.__name__}: {text}"
-    try:
+    with contextlib.suppress(OSError, ValueError):
         print(f"warning: {text}", file=file or sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 @contextlib.contextmanager

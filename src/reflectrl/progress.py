@@ -24,7 +24,7 @@ class TrainProgress:
         self._task = None
         self._total, self._description = total, description
 
-    def __enter__(self) -> "TrainProgress":
+    def __enter__(self) -> TrainProgress:
         if self._p is not None:
             self._p.start()
             self._task = self._p.add_task(self._description, total=self._total, rate="-", value="-")

@@ -11,8 +11,9 @@ stays in place when the built-ins load later, as it would have replaced the buil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import ConfigError
 

@@ -27,7 +27,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self._fh = open(self.metrics_path, "a", buffering=1)
+        self._fh = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 (open for the logger's life; close())
         self._tb = None
         if tensorboard:
             from tensorboard.compat.proto.summary_pb2 import Summary

@@ -17,9 +17,10 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -38,13 +39,13 @@ class RunOptions:
 
     seed: int = 1
     """Seed of every random stream of the run (initialization, sampling, ordering, resets)."""
-    run_dir: Optional[str] = None
+    run_dir: str | None = None
     """Where metrics, TensorBoard events and checkpoints go (default runs/<name>__<algo>__<seed>__<unix time>)."""
     save_interval: int = 10
     """Checkpoint every this many updates (and always at the end); 0 saves only at the end."""
-    time_limit_s: Optional[float] = None
+    time_limit_s: float | None = None
     """Stop (with a checkpoint) once this much wall time has passed."""
-    cpu_time_limit_s: Optional[float] = None
+    cpu_time_limit_s: float | None = None
     """Stop (with a checkpoint) once this much CPU time has been used by the trainer (all threads) and the
     processes it ran (sandboxed tests): a compute budget that does not depend on what else the machine runs."""
     on_nonfinite: str = "stop"
@@ -139,7 +140,7 @@ class StopRequests:
         print(f"{signal.Signals(signum).name}: stopping after this update with a checkpoint"
               + (" (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""), file=sys.stderr, flush=True)
 
-    def __enter__(self) -> "StopRequests":
+    def __enter__(self) -> StopRequests:
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGTERM, signal.SIGINT):
                 self._old[s] = signal.signal(s, self._handle)

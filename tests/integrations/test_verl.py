@@ -63,10 +63,7 @@ def outcome_batch(seed: int, steps: int = 7):
     rows = len(uids)
     lengths = torch.randint(1, steps + 1, (rows,), generator=g).tolist()
     mask = left_aligned_mask(lengths, steps)
-    if seed % 2:
-        scores = torch.randint(0, 2, (rows,), generator=g).float()
-    else:
-        scores = torch.randn(rows, generator=g)
+    scores = torch.randint(0, 2, (rows,), generator=g).float() if seed % 2 else torch.randn(rows, generator=g)
     equal_group = uids[0]
     for r, u in enumerate(uids):
         if u == equal_group:
@@ -276,7 +273,7 @@ def test_vanilla_loss_refuses_what_it_cannot_match():
 def test_registration_is_idempotent_and_leaves_verls_entries(registered):
     est_table, loss_table = dict(core_algos.ADV_ESTIMATOR_REGISTRY), dict(core_algos.POLICY_LOSS_REGISTRY)
     assert rv.register_with_verl() == registered
-    assert core_algos.ADV_ESTIMATOR_REGISTRY == est_table and core_algos.POLICY_LOSS_REGISTRY == loss_table
+    assert est_table == core_algos.ADV_ESTIMATOR_REGISTRY and loss_table == core_algos.POLICY_LOSS_REGISTRY
     assert {"reflectrl_grpo", "reflectrl_drgrpo", "reflectrl_gae"} <= set(registered["adv_estimators"])
     assert "reflectrl_vanilla" in registered["policy_losses"]
     assert est_table["grpo"] is core_algos.compute_grpo_outcome_advantage

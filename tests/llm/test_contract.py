@@ -83,7 +83,7 @@ def test_each_seed_method_runs_on_both_front_ends_through_one_adapter(tiny_dir, 
         # one meaning on both fronts: apply_shaping adds deltas (masked) and multiplies weights, nothing else
         mask = sb.mask
         out = apply_shaping(sh, sb.rewards, sb.advantages, sb.returns, None, mask,
-                            lambda r, d: (sb.advantages + d, sb.returns + d))
+                            lambda r, d, sb=sb: (sb.advantages + d, sb.returns + d))
         m = torch.ones_like(sb.rewards) if mask is None else mask
         if sh.reward_delta is not None:
             torch.testing.assert_close(out.rewards, sb.rewards + sh.reward_delta * m)

@@ -38,7 +38,7 @@ from test_distributed_case import run_case
 out = {mode: run_case(sys.argv[2], sys.argv[3], mode, accum) for mode, accum in %r}
 torch.save(out, f"{sys.argv[3]}/rank{torch.distributed.get_rank()}.pt")
 torch.distributed.destroy_process_group()
-""" % (CASES,)
+""".replace("%r", repr(CASES))
 
 CASE = r'''
 import torch

@@ -1,5 +1,6 @@
 """Bad input to `reflectrl llm ...` ends in one clear error line (exit status 2), no traceback."""
 
+import json
 import re
 
 import pytest
@@ -51,5 +52,5 @@ def test_not_a_model_dir_and_existing_run(capsys, tmp_path, tiny_dir):
     (run / "checkpoint.safetensors").write_bytes(b"x")
     one_error(capsys, ["llm", "train", "--task", "toy-add", "--model", str(tiny_dir), "--run-dir", str(run)],
               "already holds a run")
-    (run / "config.json").write_text('{"kind": "llm", "task": "toy-add", "model": "%s"}' % tiny_dir)
+    (run / "config.json").write_text(json.dumps({"kind": "llm", "task": "toy-add", "model": str(tiny_dir)}))
     one_error(capsys, ["llm", "train", "--resume", str(run)], "corrupt")

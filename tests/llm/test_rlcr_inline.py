@@ -91,7 +91,8 @@ def test_warmup_teaches_the_inline_tag(tiny_policy):
     tok = tiny_policy.tokenizer
     kinds = set()
     for p, row in zip(problems, rows):
-        text = lambda who: tok.decode([t for s in row.segments if s.kind == who for t in s.ids], skip_special_tokens=True)
+        text = lambda who, row=row: tok.decode([t for s in row.segments if s.kind == who for t in s.ids],
+                                               skip_special_tokens=True)
         policy, env = text("policy"), text("env")
         assert QUESTIONS["confidence"] not in env
         q = float(policy.rsplit("<confidence>", 1)[1].split("</confidence>")[0])

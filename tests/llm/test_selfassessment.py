@@ -39,7 +39,7 @@ def test_rlcr_reward_hand_cases():
     # 1 - 0; 1 - 0.25; 0 - 0; 0 - 0.81; missing: the format penalty
     want = torch.tensor([1.0, 0.75, 0.0, -0.81, RLCR_FORMAT_PENALTY])
     torch.testing.assert_close(rlcr_reward(correct, q), want)
-    assert RLCR_FORMAT_PENALTY < float(rlcr_reward(torch.tensor([0.0]), torch.tensor([1.0])))  # below the worst valid
+    assert float(rlcr_reward(torch.tensor([0.0]), torch.tensor([1.0]))) > RLCR_FORMAT_PENALTY  # below the worst valid
 
 
 def test_bonus_schedules():

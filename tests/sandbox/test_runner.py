@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,10 +21,10 @@ NO_REFLECTRL_TESTS = "assert not [n for n in names if n.split('.')[0] == 'reflec
 
 
 def test_runner_sources_are_the_modules_with_their_entry_calls():
-    job_src = open(job_module.__file__, encoding="utf-8").read()
-    batch_src = open(batch_module.__file__, encoding="utf-8").read()
-    assert runner.SINGLE == job_src + "\n\nmain()\n"
-    assert runner.BATCH == job_src + "\n\n" + batch_src + "\n\nbatch_main()\n"
+    job_src = Path(job_module.__file__).read_text(encoding="utf-8")
+    batch_src = Path(batch_module.__file__).read_text(encoding="utf-8")
+    assert job_src + "\n\nmain()\n" == runner.SINGLE
+    assert job_src + "\n\n" + batch_src + "\n\nbatch_main()\n" == runner.BATCH
     for source in (runner.SINGLE, runner.BATCH):
         compile(source, "<runner>", "exec", dont_inherit=True)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 from ..errors import ConfigError
 from ..trainer import RunOptions, check_all
@@ -27,11 +27,11 @@ class PPOConfig(RunOptions):
     """Name of the experiment (part of the default run directory)."""
     total_timesteps: int = 500_000
     """Environment steps to train for (across all envs)."""
-    learning_rate: Optional[float] = None
+    learning_rate: float | None = None
     """Adam learning rate (default 2.5e-4 discrete, 3e-4 continuous)."""
-    num_envs: Optional[int] = None
+    num_envs: int | None = None
     """Parallel environments in the SyncVectorEnv (default 4 discrete, 1 continuous)."""
-    num_steps: Optional[int] = None
+    num_steps: int | None = None
     """Steps per env per rollout (default 128 discrete, 2048 continuous)."""
     anneal_lr: bool = True
     """Linearly anneal the learning rate to 0 over training."""
@@ -39,25 +39,25 @@ class PPOConfig(RunOptions):
     """Discount factor."""
     gae_lambda: float = 0.95
     """GAE lambda."""
-    num_minibatches: Optional[int] = None
+    num_minibatches: int | None = None
     """Minibatches per epoch (default 4 discrete, 32 continuous)."""
-    update_epochs: Optional[int] = None
+    update_epochs: int | None = None
     """Epochs over each rollout (default 4 discrete, 10 continuous)."""
     norm_adv: bool = True
     """Normalize advantages within each minibatch."""
     clip_coef: float = 0.2
     """Lower (and, unless clip_coef_high is set, upper) clip range of the ratio."""
-    clip_coef_high: Optional[float] = None
+    clip_coef_high: float | None = None
     """Upper clip range (clip-higher); None means symmetric."""
     clip_vloss: bool = True
     """Use the clipped value loss."""
-    ent_coef: Optional[float] = None
+    ent_coef: float | None = None
     """Entropy bonus coefficient (default 0.01 discrete, 0.0 continuous)."""
     vf_coef: float = 0.5
     """Value loss coefficient."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip."""
-    target_kl: Optional[float] = None
+    target_kl: float | None = None
     """Stop the epochs of an update early once approx-KL exceeds this."""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the actor and of the critic."""
@@ -67,9 +67,9 @@ class PPOConfig(RunOptions):
     """Orthogonal init (sqrt 2 hidden, 0.01 actor output, 1.0 critic output)."""
     log_std_init: float = 0.0
     """Initial log-std of the Gaussian policy (continuous actions)."""
-    normalize_obs: Optional[bool] = None
+    normalize_obs: bool | None = None
     """Running observation normalization (default off discrete, on continuous); saved with the model."""
-    normalize_reward: Optional[bool] = None
+    normalize_reward: bool | None = None
     """Scale rewards by the running std of the discounted return (default off discrete, on continuous)."""
     bootstrap_truncation: bool = True
     """Bootstrap from V(final observation) when an episode is truncated (CleanRL treats it as terminal)."""
@@ -78,7 +78,7 @@ class PPOConfig(RunOptions):
 
     budget_field = "total_timesteps"
 
-    def resolved(self, discrete: bool) -> "PPOConfig":
+    def resolved(self, discrete: bool) -> PPOConfig:
         """A copy with every ``None`` default filled in for the action-space kind, validated."""
         base = DISCRETE_DEFAULTS if discrete else CONTINUOUS_DEFAULTS
         fill = {k: v for k, v in base.items() if getattr(self, k) is None}

@@ -150,10 +150,10 @@ class QPolicy:
 class DQNHook:
     """What a method may add to DQN (exgrpo-seed-dqn): override any of these."""
 
-    def after_step(self, trainer: "DQN", slots: Tensor, obs: Tensor, rewards: Tensor, done: Tensor) -> None:
+    def after_step(self, trainer: DQN, slots: Tensor, obs: Tensor, rewards: Tensor, done: Tensor) -> None:
         """After each stored vector step (``obs``: the states the actions were taken in)."""
 
-    def td_extra(self, trainer: "DQN", idx: Tensor) -> Tensor | None:
+    def td_extra(self, trainer: DQN, idx: Tensor) -> Tensor | None:
         """A term added to the TD targets of the sampled replay slots ``idx`` (None: nothing)."""
         return None
 
@@ -366,7 +366,7 @@ class DQN(EnvTrainer):
         self.raw_obs = replay(self.envs, self.tracker)
         if not np.array_equal(self.raw_obs, tensors["env/raw_obs"].numpy()):
             warnings.warn(f"{self.cfg.env_id} did not replay to the same state: it is not deterministic given "
-                          "seed and actions, so the resumed run will differ from an uninterrupted one")
+                          "seed and actions, so the resumed run will differ from an uninterrupted one", stacklevel=2)
 
 
 def load_q_policy(run_dir: str | Path, tensors: dict[str, Tensor]) -> tuple[QPolicy, None, DQNConfig]:

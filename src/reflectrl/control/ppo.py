@@ -223,7 +223,7 @@ class PPO(EnvTrainer):
             out = apply_shaping(runner.run(sb), b.rewards, b.advantages, b.returns, b.weights, None, linear_gae)
             b.rewards, b.advantages, b.returns, b.weights = out.rewards, out.advantages, out.returns, out.weights
 
-    def update(self, b: Rollout) -> dict[str, float]:
+    def update(self, b: Rollout) -> dict[str, float]:  # noqa: C901 (to split)
         """``update_epochs`` passes of minibatch PPO over the flattened rollout."""
         cfg = self.cfg
         B, M = cfg.batch_size, cfg.minibatch_size
@@ -325,7 +325,7 @@ class PPO(EnvTrainer):
             import warnings
 
             warnings.warn(f"{self.cfg.env_id} did not replay to the same state: it is not deterministic given "
-                          "seed and actions, so the resumed run will differ from an uninterrupted one")
+                          "seed and actions, so the resumed run will differ from an uninterrupted one", stacklevel=2)
         self.obs = self._norm_obs(self.raw_obs, update=False)
 
 

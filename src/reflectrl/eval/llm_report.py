@@ -10,8 +10,9 @@ self-reports, which of them raised the collapse alarm (:mod:`reflectrl.llm.colla
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -6,8 +6,8 @@ a method's line is the mean over its seeds and its band Student's t 95% interval
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 

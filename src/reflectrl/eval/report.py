@@ -4,9 +4,9 @@ early-learning AUC (each with a 95% bootstrap CI), the runs behind them, and the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

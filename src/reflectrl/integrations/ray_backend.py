@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import ReflectRLError
 from ..eval.runner import RunSpec, failed_result, run_one

@@ -34,7 +34,8 @@ from __future__ import annotations
 import json
 import math
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

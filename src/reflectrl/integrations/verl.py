@@ -26,7 +26,8 @@ Importing this module never imports verl; :func:`register_with_verl` does, and r
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor

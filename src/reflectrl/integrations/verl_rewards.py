@@ -36,7 +36,8 @@ from __future__ import annotations
 import json
 import math
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -16,8 +16,9 @@ each row (``pad.. prompt | response ..pad``), so positions are ``cumsum(attentio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -104,7 +105,7 @@ class TokenBatch:
         return torch.where(self.completion_mask, pos, torch.full_like(pos, -1)).max(1).values
 
     # ------------------------------------------------------------------ row operations
-    def select(self, rows: Sequence[int] | Tensor, trim: bool = True) -> "TokenBatch":
+    def select(self, rows: Sequence[int] | Tensor, trim: bool = True) -> TokenBatch:
         """The batch restricted to ``rows`` (padding trimmed to the new widths when ``trim``)."""
         idx = torch.as_tensor(rows, dtype=torch.long)
         kw = {}
@@ -119,7 +120,7 @@ class TokenBatch:
         out = TokenBatch(**kw)
         return out.trimmed() if trim else out
 
-    def trimmed(self) -> "TokenBatch":
+    def trimmed(self) -> TokenBatch:
         """Drop all-padding prompt columns on the left and response columns on the right."""
         p_keep = int(self.prompt_mask.sum(1).max()) if self.rows else 0
         c_keep = int(self.last_real_response().max()) + 1 if self.rows else 0
@@ -139,7 +140,7 @@ class TokenBatch:
         pos = torch.arange(self.steps).expand(self.rows, -1)
         return torch.where(self.response_attention, pos, torch.full_like(pos, -1)).max(1).values
 
-    def with_prompts(self, prompts: Sequence[Sequence[int]], pad_id: int = 0) -> "TokenBatch":
+    def with_prompts(self, prompts: Sequence[Sequence[int]], pad_id: int = 0) -> TokenBatch:
         """The same responses after other prompts (e.g. a teacher context holding the reference answer):
         per-token outputs of a forward pass on it align with this batch's tokens."""
         if len(prompts) != self.rows:
@@ -148,7 +149,7 @@ class TokenBatch:
         return replace(self, prompt_ids=ids, prompt_mask=mask, hidden=None)
 
     @staticmethod
-    def cat(batches: Sequence["TokenBatch"], pad_id: int = 0) -> "TokenBatch":
+    def cat(batches: Sequence[TokenBatch], pad_id: int = 0) -> TokenBatch:
         """Stack batches row-wise (re-padding prompts on the left, responses on the right); keeps ``index``."""
         batches = [b for b in batches if b.rows]
         if len(batches) == 1:
@@ -166,9 +167,7 @@ class TokenBatch:
             elif f.name == "extras":
                 keys = set.intersection(*(set(v) for v in vals))
                 kw[f.name] = {k: _cat_any([v[k] for v in vals], C) for k in keys}
-            elif f.name == "hidden":
-                kw[f.name] = None
-            elif any(v is None for v in vals):
+            elif f.name == "hidden" or any(v is None for v in vals):
                 kw[f.name] = None
             elif vals[0].dim() == 2:
                 fill = {"response_ids": pad_id, "turn_ids": -1}.get(f.name, 0)
@@ -200,7 +199,7 @@ class TokenBatch:
 
     @staticmethod
     def from_records(records: Sequence[dict[str, Any]], problems: Sequence[Problem] | None = None,
-                     pad_id: int = 0) -> "TokenBatch":
+                     pad_id: int = 0) -> TokenBatch:
         """Rebuild rows from :meth:`to_records` output (``problems`` aligned to the records, optional)."""
         rows = []
         for rec in records:

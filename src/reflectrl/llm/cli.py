@@ -6,6 +6,7 @@ Every error a user can cause ends in one ``error: ...`` line on stderr and exit 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -149,10 +150,8 @@ def _model_flags(rest: list[str]) -> dict[str, Any]:
     if known.model:
         out["model"] = known.model
     if known.lora_r is not None:
-        try:
+        with contextlib.suppress(ValueError):  # tyro reports the malformed value
             out["lora_r"] = int(known.lora_r)
-        except ValueError:
-            pass  # tyro reports the malformed value
     return out
 
 
@@ -163,7 +162,7 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0") or 0)
 
 
-def cmd_eval(argv: list[str]) -> int:
+def cmd_eval(argv: list[str]) -> int:  # noqa: C901 (to split)
     from .evaluate import evaluate
 
     ap = argparse.ArgumentParser(prog="reflectrl llm eval", description="Accuracy of a model directory or of an LLM "

@@ -9,7 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from ..core import LOSS_AGG_MODES, adv_est_requires, list_registered
 from ..errors import CheckpointError, ConfigError
@@ -44,11 +44,11 @@ class GRPOConfig(RunOptions):
     """Problems per rollout batch."""
     group_size: int = 8
     """Samples per problem (G); group advantages compare them."""
-    max_new_tokens: Optional[int] = None
+    max_new_tokens: int | None = None
     """Token limit of one completion (one turn); default: the task's (``reflectrl tasks show TASK``), else 32."""
-    max_turns: Optional[int] = None
+    max_turns: int | None = None
     """Turns per episode (default 1 for single-turn tasks, the task's ``max_turns`` or 6 for multi-turn)."""
-    max_response_tokens: Optional[int] = None
+    max_response_tokens: int | None = None
     """Token budget of a whole response, completions plus feedback (default max_new_tokens x turns x 2 multi-turn)."""
     temperature: float = 1.0
     """Sampling temperature (log-probs in the loss use the same one)."""
@@ -70,15 +70,15 @@ class GRPOConfig(RunOptions):
     """Registered advantage estimator (core registry): grpo (mean/std), drgrpo (mean only), ..."""
     loss_agg_mode: str = "seq-mean-token-mean"
     """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm."""
-    norm_len: Optional[int] = None
+    norm_len: int | None = None
     """Divisor of seq-mean-token-sum-norm (default: max_response_tokens)."""
     clip_low: float = 0.2
     """Lower clip range of the ratio (and the upper one unless clip_high is set)."""
-    clip_high: Optional[float] = None
+    clip_high: float | None = None
     """Upper clip range (clip-higher, e.g. 0.28); None is symmetric."""
-    clip_c: Optional[float] = None
+    clip_c: float | None = None
     """Dual-clip bound (> 1) on the loss of negative-advantage tokens; None: no dual clip."""
-    log_ratio_clamp: Optional[float] = None
+    log_ratio_clamp: float | None = None
     """Clamp the log-ratio to +-this before the exponential (verl uses 20); None: no clamp."""
     policy_loss: str = "vanilla"
     """Registered policy loss (core.register_policy_loss): vanilla is the clipped loss above."""
@@ -104,7 +104,7 @@ class GRPOConfig(RunOptions):
     """Whiten the GAE advantages over the batch (as verl does)."""
     vf_coef: float = 0.5
     """Weight of the value loss of the critic head (--adv-estimator gae)."""
-    value_clip: Optional[float] = 0.2
+    value_clip: float | None = 0.2
     """Clip range of the critic's value loss around its old values (None: unclipped)."""
     filter_zero_std: bool = False
     """Leave groups whose rewards are all equal out of the update (DAPO's dynamic-sampling filter)."""
@@ -134,7 +134,7 @@ class GRPOConfig(RunOptions):
     others register."""
     engine_options: tuple[str, ...] = ()
     """Keyword arguments of the engine as KEY=VALUE (vllm: gpu_memory_utilization=0.5, enforce_eager=true, ...)."""
-    tis_cap: Optional[float] = 2.0
+    tis_cap: float | None = 2.0
     """Truncated importance sampling when the engine returns its log-probs (vllm): each token's policy-loss term
     is multiplied by min(exp(logp_trainer - logp_engine), tis_cap); None turns it off (the gap is still logged)."""
     gen_batch: int = 128
@@ -153,6 +153,10 @@ class GRPOConfig(RunOptions):
     """Greedy held-out accuracy every this many updates (0: never)."""
     eval_problems: int = 200
     """Held-out problems in that evaluation."""
+    attention: Literal["padded", "causal"] = "padded"
+    """The training forward's layout (and the old-log-prob, reference and teacher passes): padded (left-padded
+    prompts under an attention mask) or causal (each row's tokens moved to its start, right-padded, under the plain
+    causal kernel: the same log-probs up to float32 rounding; docs/llm.md, "The trainer")."""
     eval_split: Literal["heldout", "validation"] = "heldout"
     """The split of that evaluation: validation when its numbers choose anything (a recipe, a coefficient, when to
     stop), so that heldout problems give final numbers only."""
@@ -188,7 +192,7 @@ class GRPOConfig(RunOptions):
 
         return parse_options(self.task_options)
 
-    def resolved(self, task: Any, chat: bool = False) -> "GRPOConfig":
+    def resolved(self, task: Any, chat: bool = False) -> GRPOConfig:
         """A copy with the turn and token budgets filled in from the task: turns default to 1 for a
         single-turn task and to the task's ``max_turns`` (else 6) for a multi-turn one; a completion's
         budget to the task's ``max_new_tokens`` (with a chat model its ``chat_max_new_tokens``; else 32), plus room

@@ -9,7 +9,8 @@ of :class:`LogprobEngine`) and registering it with :func:`register_engine`; see 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor

@@ -46,7 +46,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples: int = 0, n: int | None = None,
+def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples: int = 0, n: int | None = None,  # noqa: C901 (to split)
                     temperature: float = 1.0, max_new_tokens: int = 64, max_turns: int | None = None,
                     max_response_tokens: int | None = None, limit: int | None = None, gen_batch: int = 128,
                     seed: int = 0, confidence: float = 0.95, engine: str = "torch",
@@ -214,7 +214,7 @@ def run_base_model(run_dir: Path, recorded: str) -> str:
     return recorded
 
 
-def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None,
+def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None,  # noqa: C901 (to split)
                   model: str | None = None) -> tuple[Policy, dict[str, Any]]:
     """A policy from a model directory, or from a GRPO run directory's latest checkpoint (its base
     model plus the trained weights); returns it with the run's config (empty for a model directory). ``chat``:

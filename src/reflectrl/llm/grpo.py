@@ -17,8 +17,9 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -48,26 +49,26 @@ class GRPOHook:
 
     needs: tuple[str, ...] = ()
 
-    def setup(self, trainer: "GRPO") -> None:
+    def setup(self, trainer: GRPO) -> None:
         """Attach heads or buffers (before the optimizer is built)."""
 
-    def select_problems(self, trainer: "GRPO", n: int) -> list[Problem] | None:
+    def select_problems(self, trainer: GRPO, n: int) -> list[Problem] | None:
         """The problems of the next rollout (None: the trainer's own order)."""
         return None
 
-    def after_rollout(self, trainer: "GRPO", batch: TokenBatch) -> TokenBatch | None:
+    def after_rollout(self, trainer: GRPO, batch: TokenBatch) -> TokenBatch | None:
         """Change a finished rollout (mix stored rows in, reshape rewards); None keeps it."""
         return None
 
-    def group_sizes(self, trainer: "GRPO", problems: list[Problem]) -> list[int] | None:
+    def group_sizes(self, trainer: GRPO, problems: list[Problem]) -> list[int] | None:
         """Samples per problem of the next rollout (None: ``group_size`` each)."""
         return None
 
-    def after_prepare(self, trainer: "GRPO", batch: TokenBatch) -> None:
+    def after_prepare(self, trainer: GRPO, batch: TokenBatch) -> None:
         """After the no-grad pass, before the advantages (a teacher pass: put per-token tensors into
         ``batch.extras["step/NAME"]`` and methods read them as ``StepBatch.per_step["NAME"]``)."""
 
-    def after_update(self, trainer: "GRPO", batch: TokenBatch) -> None:
+    def after_update(self, trainer: GRPO, batch: TokenBatch) -> None:
         """After the policy step (store trajectories, train a learned part)."""
 
     def metrics(self) -> dict[str, float]:
@@ -87,8 +88,8 @@ class GRPO(PolicyUpdate, Trainer):
     resume_cmd = "reflectrl llm train --resume"
     extra_logs = (SAMPLES,)
 
-    def __init__(self, config: GRPOConfig, hooks: list[GRPOHook] | None = None,
-                 methods: list[MethodRunner] | Callable[["GRPO"], list[MethodRunner]] | None = None):
+    def __init__(self, config: GRPOConfig, hooks: list[GRPOHook] | None = None,  # noqa: C901 (to split)
+                 methods: list[MethodRunner] | Callable[[GRPO], list[MethodRunner]] | None = None):
         """``methods``: the runners, or a function of the trainer that builds them once the policy is loaded
         (their heads read its hidden size)."""
         t_setup = time.perf_counter()
@@ -128,6 +129,7 @@ class GRPO(PolicyUpdate, Trainer):
         self.policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                   lora_dropout=cfg.lora_dropout, ref=cfg.kl_coef > 0 or "ref_logp" in self.needs,
                                   dtype=cfg.dtype, device=device, chat=cfg.chat, savable=True)
+        self.policy.attention = cfg.attention
         if self.critic:
             self.policy.add_head(VALUE_HEAD)
         if callable(methods):
@@ -236,7 +238,7 @@ class GRPO(PolicyUpdate, Trainer):
             batch.token_rewards, batch.advantages, batch.returns, batch.weights = (
                 out.rewards, out.advantages, out.returns, out.weights)
 
-    def iteration(self) -> dict[str, Any]:
+    def iteration(self) -> dict[str, Any]:  # noqa: C901 (to split)
         """One rollout + advantages + methods + update; returns this update's metrics (the batch is kept
         as ``last_batch``)."""
         cfg = self.cfg

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +44,7 @@ class Policy(nn.Module):
     """A causal LM (``model``, possibly a PEFT model), its tokenizer, heads and an optional reference."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, ref_model: nn.Module | None = None,
-                 use_adapter_as_ref: bool = False, source: str = "", chat: "ChatFormat | None" = None):
+                 use_adapter_as_ref: bool = False, source: str = "", chat: ChatFormat | None = None):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
@@ -53,6 +54,10 @@ class Policy(nn.Module):
         self.use_adapter_as_ref = use_adapter_as_ref
         self.source = source
         self._cache_kw = _cache_kwarg(model)
+        self.attention: Literal["padded", "causal"] = "padded"
+        """How :meth:`forward_batch` lays out a batch: ``padded`` (left-padded prompts under an attention mask) or
+        ``causal`` (each row's real tokens moved to its start, right-padded, under the plain causal kernel with no
+        mask: a real token never attends to a later pad, so the log-probs are the same up to float rounding)."""
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -66,7 +71,7 @@ class Policy(nn.Module):
     @property
     def hidden_size(self) -> int:
         cfg = self.config
-        return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
+        return int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
 
     @property
     def pad_id(self) -> int:
@@ -131,18 +136,22 @@ class Policy(nn.Module):
         return out.squeeze(-1) if out.shape[-1] == 1 else out
 
     # ----------------------------------------------------------------------------- forward
-    def forward_batch(self, batch: "TokenBatch", with_entropy: bool = False, with_hidden: bool = False,
+    def forward_batch(self, batch: TokenBatch, with_entropy: bool = False, with_hidden: bool = False,
                       temperature: float = 1.0, model: nn.Module | None = None,
                       entropy_grad: bool = False, with_logprobs: bool = False) -> TokenOutputs:
         """Log-prob (under ``logits / temperature``) of every response token of ``batch``, aligned to
         ``batch.response_ids``; positions outside the response hold 0. Gradients flow unless called
         under ``torch.no_grad`` (through the entropy only with ``entropy_grad``)."""
         model = self.model if model is None else model
-        ids, attn, pos = (t.to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
         P, C = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                    output_hidden_states=with_hidden, logits_to_keep=C + 1)
-        logits = out.logits[:, :-1].float()  # position P-1+t predicts response token t
+        if self.attention == "causal" and bool(batch.prompt_mask.any(1).all()):
+            logits, hidden = self._causal_forward(batch, model, with_hidden)
+        else:
+            ids, attn, pos = (t.to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
+            out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                        output_hidden_states=with_hidden, logits_to_keep=C + 1)
+            logits = out.logits[:, :-1].float()  # position P-1+t predicts response token t
+            hidden = out.hidden_states[-1][:, P - 1:P + C - 1] if with_hidden else None
         if temperature != 1.0:
             logits = logits / temperature
         tgt = batch.response_ids.to(self.device)
@@ -154,8 +163,28 @@ class Policy(nn.Module):
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 ent = entropy_from_logits(logits if entropy_grad else logits.detach()) * resp
-        hid = out.hidden_states[-1][:, P - 1:P + C - 1] if with_hidden else None
-        return TokenOutputs(logp, ent, hid, all_logp if with_logprobs else None)
+        return TokenOutputs(logp, ent, hidden, all_logp if with_logprobs else None)
+
+    def _causal_forward(self, batch: TokenBatch, model: nn.Module, with_hidden: bool) -> tuple[Tensor, Tensor | None]:
+        """The ``causal`` layout of :meth:`forward_batch`: each row shifted left by its prompt's padding (its real
+        tokens at positions 0, 1, ..., its end padded with copies), one forward with no attention mask, and the
+        logits ``[R, C, V]`` (float) that predict each response token, with the last hidden states ``[R, C, H]``
+        before them when asked."""
+        dev = self.device
+        ids = batch.input_ids.to(dev)
+        R, L = ids.shape
+        P, C = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+        lens = batch.prompt_mask.to(dev).sum(1)  # real prompt tokens per row
+        src = (torch.arange(L, device=dev)[None] + (P - lens)[:, None]).clamp_max(L - 1)  # [R, L]
+        first = int(lens.min()) - 1  # the first position any row's response is predicted from
+        out = model(input_ids=ids.gather(1, src), use_cache=False, output_hidden_states=with_hidden,
+                    logits_to_keep=L - first)
+        at = (lens - 1 - first)[:, None] + torch.arange(C, device=dev)[None]  # [R, C]: row r's token t
+        logits = out.logits.gather(1, at[..., None].expand(R, C, out.logits.shape[-1])).float()
+        if not with_hidden:
+            return logits, None
+        h = out.hidden_states[-1][:, first:]
+        return logits, h.gather(1, at[..., None].expand(R, C, h.shape[-1]))
 
     def prefill_shared(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, Tensor, Any]:
         """Prefill a KV cache for ``prompts`` (left-padded), running each distinct prompt once and copying its cache
@@ -201,7 +230,7 @@ class Policy(nn.Module):
         return logp, (all_logp if with_logprobs else None)
 
     @torch.no_grad()
-    def ref_logprobs(self, batch: "TokenBatch", temperature: float = 1.0) -> Tensor:
+    def ref_logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> Tensor:
         """Log-probs under the frozen reference (the base model with LoRA adapters disabled, or a copy)."""
         if self._ref[0] is not None:
             return self.forward_batch(batch, temperature=temperature, model=self._ref[0]).logp
@@ -302,7 +331,7 @@ def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dr
     try:
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, EnvironmentError) as exc:
+    except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ReflectRLError(f"cannot load a causal LM and tokenizer from {src}: {first}") from None
     if savable:

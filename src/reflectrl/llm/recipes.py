@@ -27,7 +27,7 @@ class Recipe:
     """Task options of the training alone, after ``task_options`` (a reward shaping such as rag's search credit:
     the warm-up's demonstrations and the evaluations' accuracy do not depend on it)."""
 
-    def with_options(self, options: tuple[str, ...]) -> "Recipe":
+    def with_options(self, options: tuple[str, ...]) -> Recipe:
         """This recipe with a user's task options (KEY=VALUE) added in every phase, after the recipe's own: a later
         key wins, so a user's option also overrides a training-only one of the same key."""
         if not options:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -177,7 +178,7 @@ class Rollout:
         return self.start(problems, group_size, generator, greedy, index_offset).finish()
 
     def start(self, problems: Sequence[Problem], group_size: int | Sequence[int], generator: torch.Generator,
-              greedy: bool = False, index_offset: int = 0) -> "PendingRollout":
+              greedy: bool = False, index_offset: int = 0) -> PendingRollout:
         """Generate every turn, but do not wait for the last turn's rewards: the returned
         :class:`PendingRollout` holds the batch (its tokens and masks are final, its rewards not yet
         filled in) and ``finish()`` waits for the rewards and fills them in. The trainer runs its

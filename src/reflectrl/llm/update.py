@@ -83,7 +83,7 @@ class PolicyUpdate:
         order = first.argsort()
         return mb.select(first[order]), counts[order].float()
 
-    def micro_loss(self, mb: TokenBatch, counts: torch.Tensor | None = None
+    def micro_loss(self, mb: TokenBatch, counts: torch.Tensor | None = None  # noqa: C901 (to split)
                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of one micro-batch, aggregated as configured; row r stands for ``counts[r]`` identical
         rows when given (:meth:`distinct_rows`)."""
@@ -174,7 +174,7 @@ class PolicyUpdate:
         self.dist.sum_grads_(params)
         return True
 
-    def update(self, batch: TokenBatch | None) -> dict[str, float]:
+    def update(self, batch: TokenBatch | None) -> dict[str, float]:  # noqa: C901 (to split)
         """``ppo_epochs`` passes of ``minibatches`` optimizer steps, each accumulated over ``grad_accum``
         micro-batches whose losses are weighted to equal the loss of the whole minibatch. Under torchrun the
         weights are of the global minibatch (the processes' normalizers summed) and the gradients are summed

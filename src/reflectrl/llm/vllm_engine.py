@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,7 +45,7 @@ class VLLMEngine:
     docstring). Per-request seeds are drawn from the rollout's generator, so a run is repeatable with the same
     vLLM build and GPU (vLLM's batching makes no bitwise promise across versions)."""
 
-    def __init__(self, policy: "Policy", temperature: float = 1.0, top_k: int = 0, **options: Any):
+    def __init__(self, policy: Policy, temperature: float = 1.0, top_k: int = 0, **options: Any):
         why = vllm_unavailable()
         if why:
             raise ConfigError(why)
@@ -119,7 +120,7 @@ class VLLMEngine:
         return self.generate_with_logprobs(prompts, max_new_tokens, generator, greedy, stop_ids)[0]
 
     # ------------------------------------------------------------------ weights
-    def sync(self, policy: "Policy") -> None:
+    def sync(self, policy: Policy) -> None:
         """Load the policy's current weights (LoRA merged) into vLLM's model and drop its prefix cache."""
         model = policy.model
         merged = hasattr(model, "merge_adapter")
@@ -162,7 +163,7 @@ def hf_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def make_vllm_engine(policy: "Policy", temperature: float = 1.0, top_k: int = 0, **options: Any) -> VLLMEngine:
+def make_vllm_engine(policy: Policy, temperature: float = 1.0, top_k: int = 0, **options: Any) -> VLLMEngine:
     """The ``--engine vllm`` factory."""
     return VLLMEngine(policy, temperature=temperature, top_k=top_k, **options)
 

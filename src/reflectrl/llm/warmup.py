@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -43,19 +43,19 @@ class WarmupConfig:
     """Optimizer steps."""
     batch_size: int = 32
     """Demonstrations per step."""
-    learning_rate: Optional[float] = None
+    learning_rate: float | None = None
     """AdamW learning rate; default from the model's size: 3e-3 for a tiny model (under 10M parameters), 1e-5 for a
     pretrained one (a tiny model's rate wrecks it: a warning says so when one is given)."""
     weight_decay: float = 0.0
-    max_problems: Optional[int] = None
+    max_problems: int | None = None
     """Use only the first this many train problems as demonstrations (all by default)."""
-    stop_at_accuracy: Optional[float] = None
+    stop_at_accuracy: float | None = None
     """Stop once greedy accuracy on ``eval_problems`` train problems reaches this."""
     eval_every: int = 50
     """Steps between those checks."""
     eval_problems: int = 128
     """Train problems in each check."""
-    max_new_tokens: Optional[int] = None
+    max_new_tokens: int | None = None
     """Token limit of the greedy check's completions (default: the task's, else 32)."""
     self_report: str = "off"
     """End each demonstration with a self-report turn: off, reflect, confidence, or both (one of them per
@@ -117,7 +117,7 @@ def _tokens(tok: Any, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_report: str = "off",
+def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_report: str = "off",  # noqa: C901 (to split)
                        negatives: float = 0.0, multi_turn_share: float = 0.0,
                        generator: torch.Generator | None = None, teacher_share: float = 0.0,
                        step_confidence: bool = False, detour_share: float = 0.0) -> list[RowResult]:

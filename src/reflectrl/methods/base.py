@@ -26,8 +26,9 @@ advantages of each minibatch.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -173,6 +174,14 @@ class Shaped:
 
 Reestimate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """``reestimate(shaped_rewards, reward_delta) -> (advantages, returns)``: the front end's estimator."""
+
+
+def method_seed(seed: int, salt: int) -> int:
+    """A method's own seed, derived from the run seed and the method's ``salt`` (so it never shares the trainer's
+    random streams)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, 7919, salt]).generate_state(1)[0])
 
 
 def apply_shaping(sh: Shaping, rewards: Tensor, advantages: Tensor, returns: Tensor, weights: Tensor | None,

@@ -18,7 +18,7 @@ from ..control.config import PPOConfig
 from ..control.dqn import DQNConfig
 from ..control.envs import make_vector_env
 from ..errors import ConfigError
-from .base import MethodRunner
+from .base import MethodRunner, method_seed
 from .exgrpo_seed import ExGRPOSeed, ExGRPOSeedDQNHook, ExGRPOSeedOptions
 from .gear_seed import GearSeed, GearSeedOptions
 from .nets import control_features
@@ -114,11 +114,6 @@ def probe(env_id: str) -> Spaces:
     discrete = isinstance(act, spaces.Discrete)
     return Spaces(int(np.prod(obs.shape)), int(act.n) if discrete else None,
                   int(act.n) if discrete else int(np.prod(act.shape)), discrete)
-
-
-def method_seed(seed: int, salt: int) -> int:
-    """A method's own seed, derived from the run seed (so it never shares the trainer's streams)."""
-    return int(np.random.SeedSequence([seed, 7919, salt]).generate_state(1)[0])
 
 
 def observations(trainer: Any, b: Any) -> tuple[Tensor, Tensor]:

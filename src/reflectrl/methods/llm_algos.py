@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from ..llm.config import GRPOConfig
 from ..trainer import check_all
-from .base import MethodRunner
+from .base import MethodRunner, method_seed
 from .exgrpo import ExGRPO, ExGRPOOptions
 from .exgrpo_seed import ExGRPOSeed, ExGRPOSeedOptions
 from .gear import GEAR, GEAROptions
@@ -20,13 +20,6 @@ from .gear_seed import GearSeed, GearSeedOptions
 from .refgrpo import RefGRPO, RefGRPOOptions
 from .refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
 from .rlcr import RLCR, RLCROptions
-
-
-def method_seed(seed: int, salt: int) -> int:
-    """A method's own seed, derived from the run seed (so it never shares the trainer's streams)."""
-    import numpy as np
-
-    return int(np.random.SeedSequence([seed, 7919, salt]).generate_state(1)[0])
 
 
 @dataclass

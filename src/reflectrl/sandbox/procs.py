@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -69,26 +70,20 @@ def kill(proc: subprocess.Popen, wrapped: bool) -> None:
         end = time.monotonic() + 1.0
         while not exited(proc) and time.monotonic() < end:
             time.sleep(0.002)
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 
 def signal_pid(pid: int) -> None:
     """SIGKILL one process, ignoring races with its exit."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def make_removable(path: str) -> None:
     """Give the owner write+exec on every directory the code created, so cleanup cannot fail."""
     for root, dirs, _ in os.walk(path):
         for name in dirs:
-            try:
+            with contextlib.suppress(OSError):
                 os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
-            except OSError:
-                pass

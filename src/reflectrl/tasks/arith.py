@@ -13,8 +13,9 @@ from __future__ import annotations
 import itertools
 import random
 import re
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import ConfigError
 from .base import (

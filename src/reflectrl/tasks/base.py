@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..errors import ConfigError
 
@@ -153,7 +154,7 @@ class Reply(str):
     chat: str
     prefill: str
 
-    def __new__(cls, text: str, chat: str | None = None, prefill: str = "") -> "Reply":
+    def __new__(cls, text: str, chat: str | None = None, prefill: str = "") -> Reply:
         obj = super().__new__(cls, text)
         obj.chat = text.strip() if chat is None else chat
         obj.prefill = prefill

@@ -18,8 +18,9 @@ import random
 import re
 import string
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..errors import ConfigError
 from ..sandbox import BATCH_SIZE, SandboxPool, Verdict, check_job, run_tests

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
 from ..errors import ConfigError
 from .base import SPLITS, stable_hash

@@ -20,9 +20,10 @@ import re
 import sqlite3
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..errors import ConfigError
 from .base import Problem, check_split, parse_reflection, parse_tagged_turn, register_task, stable_hash
@@ -424,7 +425,7 @@ class Text2SQLTask:
         """The prompt with the reference query in context, for a self-teacher."""
         return f"reference: {problem.meta['sql']}\n{problem.prompt}"
 
-    def make_env(self, max_turns: int | None = None) -> "SQLEnv":
+    def make_env(self, max_turns: int | None = None) -> SQLEnv:
         """A multi-turn environment (``max_turns`` agent turns, default the task's)."""
         return SQLEnv(self, max_turns or self.max_turns)
 

@@ -214,7 +214,7 @@ def wait_child(pid: int, deadline: float, time: object) -> int | None:
             os.close(pidfd)
 
 
-def batch_main() -> None:
+def batch_main() -> None:  # noqa: C901 (to split)
     """Run the jobs of the batch one after another, each in a freshly forked child."""
     import _ast  # noqa: F401 - imported once, before any fork
     import builtins  # noqa: F401

@@ -129,7 +129,7 @@ def caps(*fields: str) -> int:
     return mask
 
 
-def drop_privileges(uid: int | None) -> None:
+def drop_privileges(uid: int | None) -> None:  # noqa: C901 (to split)
     """Empty the capability bounding set, set no_new_privs, then switch to `uid` or drop caps."""
     if not sys.platform.startswith("linux"):
         if uid is not None:

@@ -1,0 +1,105 @@
+"""The training forward in its two layouts: ``padded`` (left-padded prompts under an attention mask) against
+``causal`` (rows right-padded under the plain causal kernel, ``reflectrl llm train --attention causal``).
+
+    python benchmarks/llm_attention.py --model DIR --task arith [--rows 64] [--reps 20] [--json-out F]
+    python benchmarks/llm_attention.py --render F [F ...]
+
+One GRPO update of ``--algo`` (default grpo) on ``--task`` gives a real batch (its rollout's prompts, turns and
+padding); then a forward and backward of the policy's log-probs over that batch, as the update computes them,
+runs ``--reps`` times in each layout, alternating, in one process, timed by the process's CPU clock (all threads)
+so that other load on a shared machine does not skew the ratio. It reports the CPU seconds per pass of each
+layout, their ratio, and the largest log-prob difference between them. The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def measure(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from reflectrl.algos import config_for_algo
+    from reflectrl.llm.grpo import GRPO
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config_for_algo(a.algo, task=a.task, model=a.model, run_dir=str(Path(tmp) / "run"), updates=1,
+                              prompts_per_update=a.rows // a.group_size, group_size=a.group_size,
+                              task_options=tuple(a.set), threads=a.threads, lora_r=a.lora_r, progress=False,
+                              tensorboard=False, save_interval=0, sample_interval=0, export_model=False, seed=a.seed)
+        trainer = GRPO(cfg)
+        trainer.iteration()
+        trainer.rollout.close()
+    policy, batch = trainer.policy, trainer.last_batch.trimmed()
+    cpu: dict[str, list[float]] = {"padded": [], "causal": []}
+    logp: dict[str, Any] = {}
+    for rep in range(a.reps + 1):
+        for layout in ("padded", "causal") if rep % 2 == 0 else ("causal", "padded"):
+            policy.attention = layout
+            policy.zero_grad(set_to_none=True)
+            c0 = time.process_time()
+            out = policy.forward_batch(batch, with_entropy=True, temperature=cfg.temperature)
+            (out.logp.sum() + out.entropy.sum()).backward()
+            if rep:  # the first pass of each warms up
+                cpu[layout].append(time.process_time() - c0)
+            logp[layout] = out.logp.detach()
+    mask = batch.completion_mask
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    return {"task": a.task, "model": a.model, "algo": a.algo, "rows": batch.rows,
+            "prompt_width": int(batch.prompt_ids.shape[1]), "response_width": batch.steps,
+            "pad_share": 1.0 - float(batch.attention_mask.float().mean()),
+            "threads": torch.get_num_threads(), "reps": a.reps,
+            "padded_cpu_s": med["padded"], "causal_cpu_s": med["causal"],
+            "speedup": med["padded"] / max(med["causal"], 1e-12),
+            "max_logp_diff": float((logp["padded"] - logp["causal"])[mask].abs().max()),
+            "command": " ".join(["python", "benchmarks/llm_attention.py", *sys.argv[1:]])}
+
+
+def render(paths: list[str]) -> str:
+    lines = ["| task | model | rows | prompt + response width | padding | padded CPU s | causal CPU s | speedup | "
+             "largest log-prob difference |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in paths:
+        path = Path(p) if Path(p).exists() else Path(__file__).resolve().parent / "results" / p
+        r = json.loads(path.read_text())
+        lines.append(f"| {r['task']} | {'tiny (a warm-up)' if '/' in r['model'] else r['model']} | {r['rows']} | {r['prompt_width']} + "
+                     f"{r['response_width']} | {100 * r['pad_share']:.0f}% | {r['padded_cpu_s']:.3f} | "
+                     f"{r['causal_cpu_s']:.3f} | {r['speedup']:.2f}x | {r['max_logp_diff']:.1e} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="a model directory (a warmed-up tiny model) or a known model name")
+    ap.add_argument("--task", default="arith")
+    ap.add_argument("--algo", default="grpo")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a task option (repeatable)")
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lora-r", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json-out")
+    ap.add_argument("--render", nargs="+", metavar="JSON")
+    a = ap.parse_args()
+    if a.render:
+        print(render(a.render))
+        return
+    if not a.model:
+        ap.error("--model is required (or --render)")
+    res = measure(a)
+    if a.json_out:
+        Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json_out).write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -86,7 +86,7 @@ def test_the_filter_reads_the_trained_reward_not_the_task_score():
 
     import torch
 
-    from reflectrl.llm.grpo import _no_signal_rows, trained_reward
+    from reflectrl.llm.episodes import _no_signal_rows, trained_reward
 
     mask = torch.tensor([[1, 1, 0]] * 4, dtype=torch.bool)
     rewards = torch.tensor([[0.0, -0.81, 0.0], [0.0, -0.04, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])

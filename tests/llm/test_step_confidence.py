@@ -76,7 +76,7 @@ def test_per_step_ece_and_auroc_by_hand():
 def test_step_brier_by_hand():
     """Mean over a row's agent turns of (q_t - y)^2; the asked report is left out; a turn without a confidence
     makes the row NaN."""
-    from reflectrl.llm.grpo import step_brier
+    from reflectrl.llm.episodes import step_brier
     from reflectrl.tasks.selfreport import turn_confidences
 
     infos = [[{"kind": "search", "confidence": 0.5}, {"kind": "answer", "confidence": 0.9}],  # right
@@ -151,7 +151,7 @@ def test_episode_info_answered():
     """``answered`` is 1 where some turn's info says the episode answered; absent on tasks whose infos never say."""
     from types import SimpleNamespace
 
-    from reflectrl.llm.grpo import episode_info
+    from reflectrl.llm.episodes import episode_info
 
     infos = [[{"kind": "search"}, {"kind": "answer", "answered": True, "outcome": 1.0}],
              [{"kind": "search"}, {"kind": "search", "answered": False, "truncated": True, "outcome": 0.0}],

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from reflectrl.algos import config_for_algo, resume
 from reflectrl.llm.batch import RowResult, Segment, build_batch
+from reflectrl.llm.episodes import reward_metrics
 from reflectrl.llm.grpo import GRPO, GRPOHook
 from reflectrl.runlog import behaviour, read_metrics
 from reflectrl.trainer import CHECKPOINT
@@ -38,7 +39,7 @@ def test_zero_variance_groups_get_zero_advantage(tiny_dir, tmp_path, algo):
     else:
         assert adv[2].item() == pytest.approx(-0.5) and adv[3].item() == pytest.approx(0.5)
     assert (b.advantages[~b.completion_mask] == 0).all() and (b.advantages[:, 1] == b.advantages[:, 0]).all()
-    m = GRPO.reward_metrics(b)
+    m = reward_metrics(b)
     assert m["groups/zero_std_frac"] == pytest.approx(2 / 3) and m["accuracy"] == 0.5
 
 

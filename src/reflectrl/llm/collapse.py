@@ -2,7 +2,7 @@
 
 A reflection or confidence trained from a weak start tends to settle on one constant answer (docs/methods-llm.md,
 refgrpo's "Measured"); once every sample of every group states it, no gradient moves it back. Every update the LLM
-trainer shows the alarm the batch's per-row reports (:func:`reflectrl.llm.grpo.episode_info`): they are *constant*
+trainer shows the alarm the batch's per-row reports (:func:`reflectrl.llm.episodes.episode_info`): they are *constant*
 when the valid reflections all say the same (or none is valid), or the valid stated confidences' standard deviation
 (population) is below ``spread`` (or fewer than two are valid); with both kinds, when both are. A run that asks for
 a report (``--self-report``) is watched in every update, also one where no episode stated it (all missing). It logs

@@ -27,15 +27,23 @@ from ..core import adv_est_requires, get_adv_est
 from ..errors import ConfigError
 from ..methods.base import MethodRunner, StepBatch, apply_shaping
 from ..methods.refgrpo import last_turn_tokens
-from ..methods.rewards import as_nan
 from ..tasks.base import Problem, absolute_option_paths, get_task
-from ..tasks.selfreport import turn_confidences, with_self_report
+from ..tasks.selfreport import with_self_report
 from ..trainer import Clock, Trainer, default_run_dir
 from .batch import ENGINE_LOGP, TokenBatch
 from .collapse import CollapseAlarm
 from .config import SAMPLES, GRPOConfig
 from .distributed import from_env, rank_seed, shard
 from .engines import check_engine, make_engine
+from .episodes import (
+    _no_signal_rows,
+    _zero_std_rows,
+    episode_info,
+    per_step_extras,
+    reward_metrics,
+    row_extras,
+    trained_reward,
+)
 from .models import uses_chat
 from .policy import absolute_model, load_policy
 from .rollout import Rollout, RolloutStats
@@ -238,12 +246,42 @@ class GRPO(PolicyUpdate, Trainer):
             batch.token_rewards, batch.advantages, batch.returns, batch.weights = (
                 out.rewards, out.advantages, out.returns, out.weights)
 
-    def iteration(self) -> dict[str, Any]:  # noqa: C901 (to split)
-        """One rollout + advantages + methods + update; returns this update's metrics (the batch is kept
-        as ``last_batch``)."""
-        cfg = self.cfg
+    def iteration(self) -> dict[str, Any]:
+        """One update, in named steps: draw the problems, roll them out (the no-grad pass beside the last rewards),
+        shape the batch (advantages, then the methods), record it, choose the rows that train, update, and time
+        it. Returns this update's metrics; the batch is kept as ``last_batch``."""
         self.update_idx += 1
-        t0 = time.perf_counter()
+        marks = {"start": time.perf_counter()}
+        problems, group, offset, gen = self.draw_problems()
+        batch, rstats, rounds, lean, gap = self.roll_out(problems, group, offset, gen, marks)
+        self.advantages(batch)
+        self.apply_methods(batch)
+        rec = self.record(batch, gap)
+        self.mark_report_turn(batch)
+        train = self.rows_to_train(batch, rec, rounds, lean)
+        marks["kept"] = time.perf_counter()
+        if lean and train is not None:  # at the whole batch's width: the same numbers as a pass over all of it
+            self.prepare(train)
+            train = train.trimmed()
+            rec.update(self.engine_correction(train))
+        marks["kept_prepared"] = time.perf_counter()
+        losses = self.update(train) if train is not None or self.dist.active else {"losses/optimizer_steps": 0}
+        for h in self.hooks:
+            h.after_update(self, batch)
+        self.engine.sync(self.policy)
+        marks["end"] = time.perf_counter()
+        rec.update(losses)
+        rec.update(rstats.as_metrics())
+        rec.update(self.timings(marks, rstats))
+        for m in [*self.methods, *self.hooks]:
+            rec.update(m.metrics())
+        self.last_batch = batch
+        return self.dist.combine_record(rec, batch.rows)
+
+    def draw_problems(self) -> tuple[list[Problem], Any, int, torch.Generator]:
+        """This update's problems (a hook's choice, or the trainer's order), their group size(s), the index of the
+        first group and the generator; under torchrun this process's share, with its own generator."""
+        cfg = self.cfg
         chosen = [p for h in self.hooks if (p := h.select_problems(self, cfg.prompts_per_update)) is not None]
         problems = chosen[0] if chosen else self.next_problems(cfg.prompts_per_update)
         sizes = [s for h in self.hooks if (s := h.group_sizes(self, problems)) is not None]
@@ -252,8 +290,16 @@ class GRPO(PolicyUpdate, Trainer):
             lo, hi = shard(len(problems), self.dist.rank, self.dist.world)
             problems, group, offset = problems[lo:hi], group if isinstance(group, int) else list(group)[lo:hi], offset + lo
             gen = self.rank_gen = torch.Generator().manual_seed(rank_seed(cfg.seed, self.dist.rank, self.update_idx))
+        return problems, group, offset, gen
+
+    def roll_out(self, problems: list[Problem], group: Any, offset: int, gen: torch.Generator,
+                 marks: dict[str, float]) -> tuple[TokenBatch, RolloutStats, int, bool, dict[str, float]]:
+        """Generate and score the groups, with the no-grad pass (:meth:`prepare`) as early as it may run, and the
+        hooks' turns. Returns the batch, its rollout stats, the generation rounds, whether the pass waits for the
+        rows that train (``lean``) and the engine-correction metrics; ``marks`` gets the times of its phases."""
+        cfg = self.cfg
         pending = self.rollout.start(problems, group, gen, index_offset=offset)
-        t_gen = time.perf_counter()
+        marks["generated"] = time.perf_counter()
         # The no-grad pass needs only the tokens: run it while the last chunk's rewards are computed,
         # unless a hook may change the batch after the rollout (it sees the rewards first) or the batch
         # may be refilled.
@@ -264,12 +310,12 @@ class GRPO(PolicyUpdate, Trainer):
         lean = refill and not (self.methods or self.hooks or self.critic)
         if early:
             self.prepare(pending.tokens())
-        t_prep = time.perf_counter()
+        marks["prepared"] = time.perf_counter()
         batch, rstats = pending.finish()
-        gen_rounds = 1
+        rounds = 1
         if refill:
-            batch, rstats, gen_rounds = self.refill(batch, rstats, group, gen, offset)
-        t_wait = time.perf_counter()
+            batch, rstats, rounds = self.refill(batch, rstats, group, gen, offset)
+        marks["rewarded"] = time.perf_counter()
         self.global_step += int(self.dist.sum_floats([batch.rows])[0])  # every process's rows
         for h in self.hooks:
             batch = h.after_rollout(self, batch) or batch
@@ -278,51 +324,53 @@ class GRPO(PolicyUpdate, Trainer):
         for h in self.hooks:
             h.after_prepare(self, batch)
         gap = {} if lean else self.engine_correction(batch)
-        t1 = time.perf_counter()
-        self.advantages(batch)
-        self.apply_methods(batch)
+        marks["shaping"] = time.perf_counter()
+        return batch, rstats, rounds, lean, gap
+
+    def record(self, batch: TokenBatch, gap: dict[str, float]) -> dict[str, Any]:
+        """The update's record so far: counters, the fresh rows' reward and self-report metrics (replayed rows
+        left out), the engine correction's and the collapse alarm's."""
         off = batch.extras.get("loss/offpolicy")
         fresh = batch if off is None or not bool(off.any()) else batch.select((off.sum(1) == 0).nonzero().squeeze(1),
                                                                            trim=False)
-        rec = {"update": self.update_idx, "global_step": self.global_step,
-               **self.reward_metrics(fresh, bool(self.methods)), **gap, **self.alarm.observe(episode_info(fresh),
-                                                                                         self.update_idx)}
+        kinds = tuple(getattr(self.task, "tool_kinds", ()))
+        return {"update": self.update_idx, "global_step": self.global_step,
+                **reward_metrics(fresh, bool(self.methods), kinds), **gap,
+                **self.alarm.observe(episode_info(fresh), self.update_idx)}
+
+    def mark_report_turn(self, batch: TokenBatch) -> None:
+        """Row ids, and with ``--report-entropy-coef`` the self-report turn's entropy weights, for the update."""
         batch.extras["row_id"] = torch.arange(batch.rows)
-        if cfg.report_entropy_coef > 0:
+        if self.cfg.report_entropy_coef > 0:
             asked = episode_info(batch).get("report_asked", torch.zeros(batch.rows))
             report = last_turn_tokens(batch.turn_ids, batch.completion_mask, asked)
-            batch.extras[REPORT_ENTROPY] = report.float() * cfg.report_entropy_coef
+            batch.extras[REPORT_ENTROPY] = report.float() * self.cfg.report_entropy_coef
         self._batch_shape = (batch.rows, batch.steps)
-        train = batch
-        if cfg.filter_zero_std:  # on what the advantages were computed from: the trained reward, methods' terms in
-            keep = (~_no_signal_rows(batch)).nonzero().squeeze(1)
-            if refill:  # the first prompts_per_update informative groups (each rank: its share of them)
-                keep = keep[torch.isin(batch.index[keep], batch.index[keep].unique()[:self._kept_quota()])]
-                rec["groups/gen_batches"] = gen_rounds
-            train = batch.select(keep, trim=not lean) if keep.numel() else None
-            rec["groups/kept_rows"] = int(keep.numel())
-        t_lean = time.perf_counter()
-        if lean and train is not None:  # at the whole batch's width: the same numbers as a pass over all of it
-            self.prepare(train)
-            train = train.trimmed()
-            rec.update(self.engine_correction(train))
-        t_lean = time.perf_counter() - t_lean
-        losses = self.update(train) if train is not None or self.dist.active else {"losses/optimizer_steps": 0}
-        for h in self.hooks:
-            h.after_update(self, batch)
-        self.engine.sync(self.policy)
-        t2 = time.perf_counter()
-        rec.update(losses)
-        rec.update(rstats.as_metrics())
-        rec.update({"time/rollout": (t_gen - t0) + (t_wait - t_prep),
-                    "time/prepare": (t_prep - t_gen) + (t1 - t_wait) + t_lean,
-                    "time/update": t2 - t1 - t_lean, "time/iteration": t2 - t0,
-                    "time/reward_fraction": rstats.env_wait_s / max(t2 - t0, 1e-9),
-                    "charts/tokens_per_s": rstats.generated_tokens / max(t2 - t0, 1e-9)})
-        for m in [*self.methods, *self.hooks]:
-            rec.update(m.metrics())
-        self.last_batch = batch
-        return self.dist.combine_record(rec, batch.rows)
+
+    def rows_to_train(self, batch: TokenBatch, rec: dict[str, Any], rounds: int, lean: bool) -> TokenBatch | None:
+        """The rows the update trains on: all, or with ``--filter-zero-std`` the groups with a signal (after a refill
+        the first ``prompts_per_update`` of them); None when none has one."""
+        if not self.cfg.filter_zero_std:
+            return batch
+        # on what the advantages were computed from: the trained reward, methods' terms in
+        keep = (~_no_signal_rows(batch)).nonzero().squeeze(1)
+        if self.cfg.max_gen_batches != 1:  # the first prompts_per_update informative groups (each rank: its share)
+            keep = keep[torch.isin(batch.index[keep], batch.index[keep].unique()[:self._kept_quota()])]
+            rec["groups/gen_batches"] = rounds
+        rec["groups/kept_rows"] = int(keep.numel())
+        return batch.select(keep, trim=not lean) if keep.numel() else None
+
+    @staticmethod
+    def timings(marks: dict[str, float], rstats: RolloutStats) -> dict[str, float]:
+        """``time/*`` of an update from its ``marks``: rollout (generating, then waiting for rewards), the no-grad
+        passes, the update, the whole; the share of it spent waiting for rewards, and tokens per second."""
+        lean = marks["kept_prepared"] - marks["kept"]
+        whole = marks["end"] - marks["start"]
+        return {"time/rollout": (marks["generated"] - marks["start"]) + (marks["rewarded"] - marks["prepared"]),
+                "time/prepare": (marks["prepared"] - marks["generated"]) + (marks["shaping"] - marks["rewarded"]) + lean,
+                "time/update": marks["end"] - marks["shaping"] - lean, "time/iteration": whole,
+                "time/reward_fraction": rstats.env_wait_s / max(whole, 1e-9),
+                "charts/tokens_per_s": rstats.generated_tokens / max(whole, 1e-9)}
 
     def _kept_quota(self) -> int:
         """Informative groups an update keeps on this process (its shard of prompts_per_update)."""
@@ -357,27 +405,6 @@ class GRPO(PolicyUpdate, Trainer):
             kept += self.dist.sum_floats([informative(more)])[0]
             rounds += 1
         return TokenBatch.cat(batches, self.policy.pad_id), rstats, rounds
-
-    @staticmethod
-    def reward_metrics(batch: TokenBatch, trained: bool = False) -> dict[str, float]:
-        """Reward mean/std, accuracy, groups without signal (their trained rewards all equal), completion lengths
-        and, when the rollouts carry self-reports, their calibration (``calibration/*``) of a rollout batch. With
-        ``trained`` (methods changed the rewards), also the mean and std of the reward trained on."""
-        lens = batch.completion_lengths.float()
-        _, inv = torch.unique(batch.index, return_inverse=True)
-        n_groups = int(inv.max()) + 1
-        zero = _no_signal_rows(batch)
-        zero_groups = torch.zeros(n_groups, dtype=torch.bool).index_fill_(0, inv[zero], True)
-        shaped = trained_reward(batch)
-        both = {"reward/trained_mean": float(shaped.mean()), "reward/trained_std": float(shaped.std())} if trained else {}
-        return {"reward/mean": float(batch.scores.mean()), "reward/std": float(batch.scores.std()), **both,
-                "accuracy": float(batch.correct.float().mean()),
-                "groups/zero_std_frac": float(zero_groups.float().mean()),
-                "completion/mean_length": float(lens.mean()), "completion/max_length": float(lens.max()),
-                "completion/truncated_frac": float(batch.truncated.float().mean()),
-                "rollout/turns": float((batch.turn_ids.max(1).values + 1).float().mean()),
-                "rollout/tool_calls": tool_calls(batch),
-                **calibration_metrics(batch)}
 
     def log_samples(self, batch: TokenBatch, path: Path) -> None:
         """Append the first completion of the first ``samples_per_log`` groups to samples.jsonl."""
@@ -487,110 +514,6 @@ def step_batch(trainer: GRPO, batch: TokenBatch) -> StepBatch:
                      progress=(trainer.update_idx - 1) / max(trainer.cfg.updates, 1),
                      group_size=trainer.cfg.group_size, turn_ids=batch.turn_ids,
                      info={**episode_info(batch), **row_extras(batch)}, per_step=per_step_extras(batch), whole_rows=True)
-
-
-TOOL_KINDS = ("sql", "search")  # the env infos' "kind" of a turn that queried a database or searched a corpus
-
-
-def tool_calls(batch: TokenBatch) -> float:
-    """Mean number of tool turns (queries run, searches made) per episode of a multi-turn task."""
-    if not batch.infos:
-        return 0.0
-    return sum(sum(1 for i in rows if i.get("kind") in TOOL_KINDS) for rows in batch.infos) / max(len(batch.infos), 1)
-
-
-def per_step_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:
-    """The per-token tensors a method may read (see :attr:`reflectrl.methods.base.StepBatch.per_step`)."""
-    out = {}
-    if batch.old_logp is not None:
-        out["logp"] = batch.old_logp
-    if batch.entropy is not None:
-        out["entropy"] = batch.entropy
-    for k, v in batch.extras.items():
-        if k.startswith("step/") and torch.is_tensor(v):
-            out[k[5:]] = v
-    return out
-
-
-def row_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:
-    """The per-row ``[R]`` tensors a hook put into ``batch.extras["row/NAME"]`` (a grader's scores), by NAME."""
-    return {k[4:]: v for k, v in batch.extras.items() if k.startswith("row/") and torch.is_tensor(v)}
-
-
-def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:
-    """Per-row ``outcome``, ``correct`` and, where any row has one, ``reflection`` / ``confidence`` (NaN
-    where missing) and ``report_asked`` (1 where the episode ended with a self-report turn), from each row's
-    last environment info; ``answered`` (1 where some turn's info says the episode answered) on tasks whose infos
-    say it (rag, text2sql), and ``step_brier`` where turns state confidences."""
-    last = [(rows[-1] if rows else {}) for rows in (batch.infos or [[] for _ in range(batch.rows)])]
-    out = {"outcome": torch.tensor([float(i.get("outcome", s)) for i, s in zip(last, batch.scores.tolist())]),
-           "correct": batch.correct.float()}
-    for key, kind in (("reflection", "reflect"), ("confidence", "confidence")):
-        if any(key in i or i.get("self_report") == kind for i in last):
-            out[key] = as_nan([i.get(key) for i in last])
-    if any("self_report" in i for i in last):
-        out["report_asked"] = torch.tensor([1.0 if "self_report" in i else 0.0 for i in last])
-    if any("answered" in i for rows in batch.infos or [] for i in rows):
-        out["answered"] = torch.tensor([1.0 if any(i.get("answered") is True for i in rows) else 0.0
-                                        for rows in batch.infos])
-    stated = [turn_confidences(rows) for rows in batch.infos or []]
-    if any(q is not None for qs in stated for q in qs):
-        out["step_brier"] = step_brier(stated, out["correct"])
-    return out
-
-
-def step_brier(stated: list[list[float | None]], correct: torch.Tensor) -> torch.Tensor:
-    """``[R]``: per row, the mean over its agent turns of ``(q_t - y)^2``, each turn's stated confidence
-    (:func:`~reflectrl.tasks.selfreport.turn_confidences`) against the episode's outcome y; NaN for a row with a turn
-    that states none."""
-    ok = lambda qs: bool(qs) and None not in qs  # noqa: E731
-    return torch.tensor([sum((q - y) ** 2 for q in qs) / len(qs) if ok(qs) else float("nan")
-                         for qs, y in zip(stated, correct.tolist())])
-
-
-def calibration_metrics(batch: TokenBatch) -> dict[str, float]:
-    """The self-report metrics of a rollout batch (``calibration/...``): of the reports asked after the episode,
-    and ``calibration/step_ece`` of the confidences stated along it (every turn's, against the episode's
-    outcome); with a task that says how many searches a question needs, ``rollout/premature_rate`` (answered
-    wrong after fewer searches than needed). Empty without any."""
-    from ..eval.calibration import ece, self_report_metrics
-
-    info = episode_info(batch)
-    out: dict[str, float] = {}
-    if "reflection" in info or "confidence" in info:
-        m = self_report_metrics(info["correct"], info.get("reflection"), info.get("confidence"))
-        out.update({f"calibration/{k}": v for k, v in m.items() if k != "accuracy"})
-    rows = batch.infos or []
-    steps = [(q, float(c)) for r, c in zip(rows, batch.correct.tolist()) for q in turn_confidences(r) if q is not None]
-    if steps:
-        out["calibration/step_ece"] = ece([q for q, _ in steps], [y for _, y in steps])
-        out["calibration/step_reports"] = len(steps) / max(len(rows), 1)
-    finals = [r[-1] for r in rows if r and "premature" in r[-1]]
-    if finals:
-        out["rollout/premature_rate"] = sum(bool(f["premature"]) for f in finals) / len(finals)
-    return out
-
-
-def _zero_std_rows(batch: TokenBatch, values: torch.Tensor | None = None) -> torch.Tensor:
-    """``[R]`` true for rows whose group's ``values`` (default: the task scores) are all equal."""
-    values = batch.scores if values is None else values
-    _, inv = torch.unique(batch.index, return_inverse=True)
-    n = int(inv.max()) + 1
-    lo = torch.full((n,), float("inf")).scatter_reduce(0, inv, values, "amin")
-    hi = torch.full((n,), float("-inf")).scatter_reduce(0, inv, values, "amax")
-    return (hi - lo)[inv] <= 1e-12
-
-
-def trained_reward(batch: TokenBatch) -> torch.Tensor:
-    """``[R]`` each row's reward as trained on: its token rewards summed, after the methods changed them (rlcr's
-    Brier term, refgrpo's agreement bonus, ...); the task score when nothing changed them."""
-    return (batch.token_rewards * batch.completion_mask).sum(1).to(batch.scores.dtype)
-
-
-def _no_signal_rows(batch: TokenBatch) -> torch.Tensor:
-    """``[R]`` true for rows of groups whose trained rewards (:func:`trained_reward`) are all equal: the group
-    advantage, computed from them, is 0."""
-    return _zero_std_rows(batch, trained_reward(batch))
 
 
 __all__ = ["GRPO", "GRPOHook", "step_batch"]

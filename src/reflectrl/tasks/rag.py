@@ -223,6 +223,7 @@ class RAGTask:
 
     name = "rag"
     multi_turn = True
+    tool_kinds = ("search",)  # the env infos' "kind" of a turn that used a tool (searched the collection)
     detours = DETOURS
     max_new_tokens = 64  # one turn: a search or an answer with its confidence tag (~50 characters)
     chat_max_new_tokens = 64  # a chat model's turn (BPE tokens)

@@ -291,6 +291,7 @@ class Text2SQLTask:
 
     name = "text2sql"
     multi_turn = True
+    tool_kinds = ("sql",)  # the env infos' "kind" of a turn that used a tool (ran a query)
     stop_sequences = ("</sql>", "</answer>")
     max_new_tokens = 100  # one turn: <answer>SELECT ... </answer> is up to ~90 characters (tokens of a tiny model)
     chat_max_new_tokens = 96  # a chat model's turn (BPE tokens): some words and a tagged query

@@ -101,18 +101,21 @@ def drgrpo_advantage(token_level_rewards: Steps, response_mask: StepMask, index:
 def masked_gae(rewards: Steps, values: Steps, mask: StepMask, gamma: float, lam: float) -> tuple[Steps, Steps]:
     """GAE over token rows whose mask may have holes (multi-turn feedback tokens): masked-out steps
     are skipped, so the step before a hole bootstraps from the next *real* step; the episode ends
-    after the last real step. Masked steps get advantage 0."""
-    mask = mask.to(values.dtype)
-    adv = torch.zeros_like(values)
-    next_v = torch.zeros_like(values[:, 0])
-    last = torch.zeros_like(values[:, 0])
-    for t in range(values.shape[1] - 1, -1, -1):
-        m = mask[:, t]
-        g = rewards[:, t] + gamma * next_v - values[:, t] + gamma * lam * last
-        adv[:, t] = g * m
-        next_v = m * values[:, t] + (1 - m) * next_v
-        last = m * g + (1 - m) * last
-    return adv, (adv + values) * mask
+    after the last real step. Masked steps get advantage 0.
+
+    The real steps of each row are packed to its start (in order), their TD errors
+    ``delta_t = r_t + gamma * V_next - V_t`` summed with :func:`~reflectrl.core.returns.discounted_cumsum` at
+    ``gamma * lam`` (the one discounted sum every estimator uses), and scattered back."""
+    m = mask.bool()
+    order = torch.argsort((~m).to(torch.int8), dim=1, stable=True)  # each row's real steps first, in order
+    real = m.gather(1, order)
+    r = torch.where(real, rewards.gather(1, order), torch.zeros_like(rewards))
+    v = torch.where(real, values.gather(1, order), torch.zeros_like(values))
+    v_next = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], 1)  # 0 after a row's last real step
+    delta = torch.where(real, r + gamma * v_next - v, torch.zeros_like(v))
+    packed = discounted_cumsum(delta, None, gamma * lam, kernel="loop")
+    adv = torch.zeros_like(values).scatter(1, order, torch.where(real, packed, torch.zeros_like(packed)))
+    return adv, (adv + values) * mask.to(values.dtype)
 
 
 @register_adv_est("gae", requires=("values",))

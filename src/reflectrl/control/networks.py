@@ -87,6 +87,10 @@ class ActorCritic(nn.Module):
         """V(s), shape ``[batch]``."""
         return self.net.value(obs)
 
+    def actor_features(self, obs: Tensor) -> Tensor:
+        """The actor's last hidden activations, ``[batch, width]`` (a method's input features)."""
+        return self.net.trunk(obs)[0]
+
 
 class CategoricalActorCritic(ActorCritic):
     """Discrete actions: the actor outputs logits."""

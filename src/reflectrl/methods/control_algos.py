@@ -124,7 +124,7 @@ def observations(trainer: Any, b: Any) -> tuple[Tensor, Tensor]:
 def _actor_hidden(trainer: Any, b: Any) -> Tensor:
     with torch.no_grad():
         flat = b.obs.reshape(-1, b.obs.shape[-1])
-        h = trainer.model.net.trunk(flat)[0]
+        h = trainer.model.actor_features(flat)
     return h.reshape(*b.obs.shape[:2], -1)
 
 

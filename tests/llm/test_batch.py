@@ -87,3 +87,23 @@ def test_loss_on_hand_worked_batch(tiny_dir, mode, loss, g0, g1):
     out.backward()
     assert torch.allclose(logp.grad, torch.tensor([[g0, g0, 0.0, g0], [g1, 0.0, 0.0, 0.0]]))
     assert float(stats["losses/clipfrac"]) == 0.0
+
+
+def test_trimmed_select_and_cat_follow_the_extras_registry():
+    """Per-token extras (loss/*, step/*, registered keys) are cut and padded with the responses; per-row ones are not,
+    even when their width happens to equal the response width."""
+    from reflectrl.llm.batch import is_token_extra, token_extra
+
+    key = token_extra("test/weight")
+    b = hand_batch()
+    C = b.steps
+    b.extras.update({"loss/offpolicy": torch.ones(2, C), key: torch.ones(2, C), "step/x": torch.ones(2, C),
+                     "row/score": torch.ones(2, C), "row_id": torch.arange(2)})
+    one = b.select([1])  # row 1 has one response token: every per-token entry is cut to it
+    assert one.steps == 1
+    assert all(one.extras[k].shape == (1, 1) for k in ("loss/offpolicy", key, "step/x"))
+    assert one.extras["row/score"].shape == (1, C) and one.extras["row_id"].tolist() == [1]
+    both = TokenBatch.cat([one, b.select([0])], PAD)
+    assert both.extras["loss/offpolicy"].shape == (2, C) and both.extras["loss/offpolicy"][0, 1:].sum() == 0
+    assert both.extras["row/score"].shape == (2, C)
+    assert is_token_extra("loss/anything") and not is_token_extra("row/anything")

@@ -27,6 +27,25 @@ from ..tasks.base import Problem
 
 # per-token optional fields (all [R, C]) that follow the rows through select / cat / with_prompts
 TOKEN_FIELDS = ("old_logp", "ref_logp", "advantages", "returns", "weights", "values", "entropy")
+TOKEN_EXTRA_PREFIXES = ("loss/", "step/")
+"""``extras`` keys under these prefixes are per-token ``[R, C, ...]``: ``loss/NAME`` a keyword input of the policy
+loss, ``step/NAME`` a method's per-step input (``StepBatch.per_step``). Every other key is per-row (``row/NAME``, a
+method's per-row input; ``row_id``), a tensor ``[R]`` or a list, unless registered with :func:`token_extra`."""
+_TOKEN_EXTRAS: set[str] = set()
+
+
+def token_extra(key: str) -> str:
+    """Register ``key`` as a per-token ``extras`` entry (outside :data:`TOKEN_EXTRA_PREFIXES`), so that
+    :meth:`TokenBatch.trimmed` cuts it and :meth:`TokenBatch.cat` pads it with the responses; returns ``key``."""
+    _TOKEN_EXTRAS.add(key)
+    return key
+
+
+def is_token_extra(key: str) -> bool:
+    """Whether ``extras[key]`` is per-token ``[R, C, ...]`` (see :data:`TOKEN_EXTRA_PREFIXES`)."""
+    return key.startswith(TOKEN_EXTRA_PREFIXES) or key in _TOKEN_EXTRAS
+
+
 ENGINE_LOGP = "step/engine_logp"
 """``extras`` key of the generation engine's log-prob of each policy token ``[R, C]`` (0 elsewhere), when every
 policy segment of the batch came with them (an engine with ``generate_with_logprobs``)."""
@@ -134,6 +153,8 @@ class TokenBatch:
                 kw[name] = v[:, :c_keep]
         if self.hidden is not None:
             kw["hidden"] = self.hidden[:, :c_keep]
+        kw["extras"] = {k: v[:, :c_keep] if torch.is_tensor(v) and is_token_extra(k) else v
+                        for k, v in self.extras.items()}
         return replace(self, **kw)
 
     def last_real_response(self) -> Tensor:
@@ -166,7 +187,7 @@ class TokenBatch:
                 kw[f.name] = [x for v in vals for x in v] if all(len(v) == b.rows for v, b in zip(vals, batches)) else []
             elif f.name == "extras":
                 keys = set.intersection(*(set(v) for v in vals))
-                kw[f.name] = {k: _cat_any([v[k] for v in vals], C) for k in keys}
+                kw[f.name] = {k: _cat_any([v[k] for v in vals], C if is_token_extra(k) else None) for k in keys}
             elif f.name == "hidden" or any(v is None for v in vals):
                 kw[f.name] = None
             elif vals[0].dim() == 2:
@@ -278,12 +299,12 @@ def _pad_to(x: Tensor, width: int, fill, left: bool = False) -> Tensor:
     return torch.cat([pad, x] if left else [x, pad], 1)
 
 
-def _cat_any(vals: list, width: int) -> Any:
-    """Row-wise concatenation of an extras entry: per-token tensors ``[R, steps, ...]`` are right-padded with 0 to
-    ``width`` first (per-row tensors ``[R]`` and lists are joined as they are)."""
+def _cat_any(vals: list, width: int | None) -> Any:
+    """Row-wise concatenation of an extras entry: a per-token entry's tensors ``[R, steps, ...]`` are right-padded
+    with 0 to ``width`` first (None: a per-row entry, tensors ``[R, ...]`` or lists, joined as they are)."""
     if not torch.is_tensor(vals[0]):
         return [x for v in vals for x in v]
-    if vals[0].dim() >= 2:
+    if width is not None:
         vals = [_pad_to(v, width, 0) for v in vals]
     return torch.cat(vals)
 

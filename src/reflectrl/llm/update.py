@@ -13,12 +13,12 @@ from torch import Tensor
 
 from ..core import PolicyLossConfig, agg_loss, approx_kl, get_policy_loss, masked_mean, value_loss
 from ..methods.base import AuxInputs
-from .batch import ENGINE_LOGP, TokenBatch
+from .batch import ENGINE_LOGP, TokenBatch, token_extra
 from .distributed import SINGLE, Dist
 
 VALUE_HEAD = "value"
-REPORT_ENTROPY = "entropy/report"  # extras key [R, C]: the report_entropy_coef of each token (0 off the report)
-TIS_WEIGHT = "tis/weight"  # extras key of the per-token importance weights [R, C] the policy loss is multiplied by
+REPORT_ENTROPY = token_extra("entropy/report")  # extras key [R, C]: the report_entropy_coef of each token (0 off the report)
+TIS_WEIGHT = token_extra("tis/weight")  # extras key of the per-token importance weights [R, C] the policy loss is multiplied by
 
 
 def tis_weights(trainer_logp: Tensor, engine_logp: Tensor, mask: Tensor, cap: float | None
@@ -98,7 +98,7 @@ class PolicyUpdate:
         adv = (mb.advantages if mb.weights is None else mb.advantages * mb.weights).to(dev)
         tis = mb.extras.get(TIS_WEIGHT)
         if tis is not None:  # each token's policy-loss term times its importance weight (w > 0: the same as on A)
-            adv = adv * tis[:, :mb.steps].to(dev)
+            adv = adv * tis.to(dev)
         c = torch.ones(mb.rows, device=dev) if counts is None else counts.to(dev)
         token_mean = cfg.loss_agg_mode == "token-mean"
         # multiplicities: token-mean weighs the mask; the per-row modes weigh the rows' terms and rescale
@@ -112,7 +112,7 @@ class PolicyUpdate:
             return agg_loss(x * row_w, m_loss, cfg.loss_agg_mode, cfg.norm_len) * scale
 
         loss_fn, lc = get_policy_loss(cfg.policy_loss), self.loss_config()
-        kw = {k[5:]: v[:, :mb.steps].to(dev) for k, v in mb.extras.items() if k.startswith("loss/")}
+        kw = {k[5:]: v.to(dev) for k, v in mb.extras.items() if k.startswith("loss/")}
         loss, st = loss_fn(old, out.logp, adv * row_w, m_loss, cfg.loss_agg_mode, lc, **kw)
         loss = loss * scale
         if counts is not None and not token_mean:  # token-weighted diagnostics
@@ -122,7 +122,7 @@ class PolicyUpdate:
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * agg(out.entropy)
         if report_w is not None:
-            w = report_w[:, :mb.steps].to(dev)
+            w = report_w.to(dev)
             loss = loss - agg(out.entropy * w)
             stats["losses/report_entropy"] = masked_mean(out.entropy.detach(), m_stat * (w > 0))
         if mb.ref_logp is not None:

@@ -68,7 +68,8 @@ def render(paths: list[str]) -> str:
     for p in paths:
         path = Path(p) if Path(p).exists() else Path(__file__).resolve().parent / "results" / p
         r = json.loads(path.read_text())
-        lines.append(f"| {r['task']} | {'tiny (a warm-up)' if '/' in r['model'] else r['model']} | {r['rows']} | {r['prompt_width']} + "
+        model = "tiny (a warm-up)" if "/" in r["model"] else r["model"]
+        lines.append(f"| {r['task']} | {model} | {r['rows']} | {r['prompt_width']} + "
                      f"{r['response_width']} | {100 * r['pad_share']:.0f}% | {r['padded_cpu_s']:.3f} | "
                      f"{r['causal_cpu_s']:.3f} | {r['speedup']:.2f}x | {r['max_logp_diff']:.1e} |")
     return "\n".join(lines)

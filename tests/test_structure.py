@@ -1,5 +1,6 @@
 """The shape of the source tree: no import cycles among reflectrl's modules (imports inside functions
-count too), and no source file over 600 lines."""
+count too), no import up a layer of docs/architecture.md's table but the exceptions it names, and no source
+file over 600 lines."""
 
 from __future__ import annotations
 
@@ -100,3 +101,57 @@ def test_no_source_file_over_600_lines():
 
 def test_cycle_finder_finds_a_cycle():
     assert all_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# docs/architecture.md, "The layers", top to bottom: a module may import its own layer and the layers above it.
+LAYERS = [
+    ("core", ["reflectrl.core"]),
+    ("plumbing", ["reflectrl.errors", "reflectrl.checkpoint", "reflectrl.runlog", "reflectrl.progress",
+                  "reflectrl.trainer"]),
+    ("tasks and sandbox", ["reflectrl.tasks", "reflectrl.sandbox"]),
+    ("the method contract", ["reflectrl.methods.base", "reflectrl.methods.nets"]),
+    ("front ends", ["reflectrl.control", "reflectrl.llm"]),
+    ("method families", ["reflectrl.methods"]),
+    ("composition root", ["reflectrl.algos", "reflectrl.registry"]),
+    ("evaluation", ["reflectrl.eval"]),
+    ("integrations", ["reflectrl.integrations"]),
+    ("command line", ["reflectrl", "reflectrl.cli", "reflectrl.cliutil", "reflectrl.__main__", "reflectrl.llm.cli",
+                      "reflectrl.tasks.cli", "reflectrl.sandbox.cli"]),
+]
+# The exceptions the table's text names: the LLM front end reads two leaf modules of eval/ (the self-report
+# metrics, the pass@k intervals), and eval/ imports the Ray backend only when --backend ray asks for it.
+EXCEPTIONS = {
+    ("reflectrl.llm.episodes", "reflectrl.eval.calibration"),
+    ("reflectrl.llm.evaluate", "reflectrl.eval.calibration"),
+    ("reflectrl.llm.evaluate", "reflectrl.eval.stats"),
+    ("reflectrl.eval.compare", "reflectrl.integrations.ray_backend"),
+    ("reflectrl.eval.llm_compare", "reflectrl.integrations.ray_backend"),
+}
+
+
+def layer_of(module: str) -> int:
+    """The row of LAYERS whose longest prefix names ``module``."""
+    best = max(((len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes
+                if module == p or module.startswith(p + ".")), default=None)
+    assert best is not None, f"{module} is in no layer of docs/architecture.md's table"
+    return best[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every import of a module in a lower layer (a later row) by one in a higher layer."""
+    return {(m, d) for m, deps in graph.items() for d in deps if layer_of(d) > layer_of(m)}
+
+
+def test_no_import_runs_up_a_layer_but_the_named_exceptions():
+    extra = sorted(upward_imports(import_graph()) - EXCEPTIONS)
+    assert extra == [], f"imports up a layer (docs/architecture.md, 'The layers'): {extra}"
+
+
+def test_every_named_exception_is_still_an_import():
+    """An exception the code no longer needs leaves the list (and the table's text)."""
+    assert upward_imports(import_graph()) >= EXCEPTIONS
+
+
+def test_the_layer_rule_can_fail():
+    graph = {"reflectrl.core.losses": {"reflectrl.llm.grpo"}, "reflectrl.llm.grpo": {"reflectrl.core.losses"}}
+    assert upward_imports(graph) == {("reflectrl.core.losses", "reflectrl.llm.grpo")}

@@ -13,7 +13,7 @@ from reflectrl.errors import ConfigError
 from reflectrl.eval.llm_report import collapse_line
 from reflectrl.eval.rundata import RunData
 from reflectrl.llm.collapse import CollapseAlarm, reports_constant
-from reflectrl.methods.rewards import as_nan
+from reflectrl.methods.base import as_nan
 from reflectrl.runlog import behaviour, read_metrics
 
 from .scripted import script

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from reflectrl.algos import get_algo, resume
-from reflectrl.methods.base import MethodRunner, StepBatch
+from reflectrl.methods.base import MethodRunner, StepBatch, as_nan
 from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions
 from reflectrl.methods.rewards import (
     RLCR_FORMAT_PENALTY,
-    as_nan,
     bonus_schedule,
     refgrpo_reward,
     reflection_bonus,

@@ -8,9 +8,9 @@ import torch
 
 from reflectrl.core.advantages import group_advantages
 from reflectrl.errors import ConfigError
-from reflectrl.methods.base import MethodRunner, StepBatch
+from reflectrl.methods.base import MethodRunner, StepBatch, as_nan
 from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions
-from reflectrl.methods.rewards import as_nan, balanced_reflection_bonus, group_rank_reward, reflection_bonus
+from reflectrl.methods.rewards import balanced_reflection_bonus, group_rank_reward, reflection_bonus
 from reflectrl.methods.rlcr import RLCR, RLCROptions
 from reflectrl.trainer import check_all
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..methods.rewards import as_nan
+from ..methods.base import as_nan
 from ..tasks.selfreport import turn_confidences
 from .batch import TokenBatch
 

@@ -25,8 +25,7 @@ import torch
 
 from ..core import adv_est_requires, get_adv_est
 from ..errors import ConfigError
-from ..methods.base import MethodRunner, StepBatch, apply_shaping
-from ..methods.refgrpo import last_turn_tokens
+from ..methods.base import MethodRunner, StepBatch, apply_shaping, last_turn_tokens
 from ..tasks.base import Problem, absolute_option_paths, get_task
 from ..tasks.selfreport import with_self_report
 from ..trainer import Clock, Trainer, default_run_dir

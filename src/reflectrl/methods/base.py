@@ -25,6 +25,7 @@ advantages of each minibatch.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -174,6 +175,24 @@ class Shaped:
 
 Reestimate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """``reestimate(shaped_rewards, reward_delta) -> (advantages, returns)``: the front end's estimator."""
+
+
+def last_turn_tokens(turn_ids: Tensor, mask: Tensor, asked: Tensor) -> Tensor:
+    """``[R, T]`` bool: the ``mask``ed tokens of each row's last agent turn (``turn_ids [R, T]``), in the rows where
+    ``asked [R]`` is nonzero (the episode ended with the self-report question, so that turn is the report)."""
+    mask = mask.bool()
+    turn = torch.where(mask, turn_ids, torch.full_like(turn_ids, -1))
+    return mask & (turn == turn.max(1, keepdim=True).values) & asked.bool()[:, None]
+
+
+def row_groups(batch: StepBatch) -> Tensor:
+    """``[R]`` each row's GRPO group: rows ``i // group_size``."""
+    return torch.arange(batch.rewards.shape[0]) // max(1, batch.group_size)
+
+
+def as_nan(values: list[float | int | None]) -> Tensor:
+    """A float tensor with NaN for missing values."""
+    return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
 
 
 def method_seed(seed: int, salt: int) -> int:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..core.advantages import group_advantages
-from .base import Shaping, StepBatch
+from .base import Shaping, StepBatch, last_turn_tokens, row_groups
 from .rewards import balanced_reflection_bonus, bonus_schedule, group_rank_reward, reflection_bonus
 
 Credit = Literal["episode", "split"]
@@ -71,19 +71,6 @@ def report_turn_mask(batch: StepBatch) -> Tensor:
         raise ValueError("split credit needs the batch's turn ids (an LLM token batch)")
     mask = (batch.mask if batch.mask is not None else torch.ones_like(batch.rewards)).bool()
     return last_turn_tokens(batch.turn_ids, mask, batch.info.get("report_asked", torch.zeros(mask.shape[0])))
-
-
-def last_turn_tokens(turn_ids: Tensor, mask: Tensor, asked: Tensor) -> Tensor:
-    """``[R, T]`` bool: the ``mask``ed tokens of each row's last agent turn (``turn_ids [R, T]``), in the rows where
-    ``asked [R]`` is nonzero (the episode ended with the self-report question, so that turn is the report)."""
-    mask = mask.bool()
-    turn = torch.where(mask, turn_ids, torch.full_like(turn_ids, -1))
-    return mask & (turn == turn.max(1, keepdim=True).values) & asked.bool()[:, None]
-
-
-def row_groups(batch: StepBatch) -> Tensor:
-    """``[R]`` each row's GRPO group: rows ``i // group_size``."""
-    return torch.arange(batch.rewards.shape[0]) // max(1, batch.group_size)
 
 
 def split_credit(batch: StepBatch, per_row: Tensor) -> Shaping:

@@ -8,7 +8,6 @@ Inputs are per-rollout tensors ``[R]``: ``outcome`` / ``correct`` in {0, 1}, ``r
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -123,6 +122,3 @@ def bonus_schedule(c: float, kind: Literal["step", "linear", "constant"], progre
     raise ValueError(f"unknown bonus schedule {kind!r}; choose step, linear or constant")
 
 
-def as_nan(values: list[float | int | None]) -> Tensor:
-    """A float tensor with NaN for missing values."""
-    return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)

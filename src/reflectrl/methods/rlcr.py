@@ -31,8 +31,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .base import Shaping, StepBatch
-from .refgrpo import Credit, last_step_delta, row_groups, split_credit
+from .base import Shaping, StepBatch, row_groups
+from .refgrpo import Credit, last_step_delta, split_credit
 from .rewards import RLCR_FORMAT_PENALTY, brier_term, group_rank_reward, rlcr_reward
 
 

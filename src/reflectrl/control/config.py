@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from ..errors import ConfigError
 from ..trainer import RunOptions, check_all
@@ -14,6 +14,9 @@ DISCRETE_DEFAULTS = dict(learning_rate=2.5e-4, num_envs=4, num_steps=128, num_mi
                          ent_coef=0.01, normalize_obs=False, normalize_reward=False)
 CONTINUOUS_DEFAULTS = dict(learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10,
                            ent_coef=0.0, normalize_obs=True, normalize_reward=True)
+
+
+_Config = TypeVar("_Config", bound="PPOConfig")
 
 
 @dataclass
@@ -78,7 +81,7 @@ class PPOConfig(RunOptions):
 
     budget_field = "total_timesteps"
 
-    def resolved(self, discrete: bool) -> PPOConfig:
+    def resolved(self: _Config, discrete: bool) -> _Config:
         """A copy with every ``None`` default filled in for the action-space kind, validated."""
         base = DISCRETE_DEFAULTS if discrete else CONTINUOUS_DEFAULTS
         fill = {k: v for k, v in base.items() if getattr(self, k) is None}

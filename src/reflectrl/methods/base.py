@@ -117,12 +117,21 @@ Features = Callable[[Any, Any], tuple[Tensor, Tensor]]
 """``features(trainer, batch) -> (states [R, T, Fs], features [R, T, F])`` of a front end's batch."""
 
 
+class View(Protocol):
+    """Another view of a StepBatch for a method (one step per turn of an LLM episode), and its shaping mapped back."""
+
+    def to_view(self, batch: StepBatch) -> StepBatch: ...
+
+    def from_view(self, shaping: Shaping) -> Shaping: ...
+
+
 class MethodRunner:
     """The one adapter between a method and a front end: :meth:`run` fits and shapes in the declared
     order on the StepBatch the front end built; :meth:`aux_loss` forwards a minibatch to the method's
     auxiliary loss, if it has one. ``features`` (optional) says what the method's learned parts read."""
 
-    def __init__(self, method: Any, features: Features | None = None, name: str | None = None, view: Any = None):
+    def __init__(self, method: Method, features: Features | None = None, name: str | None = None,
+                 view: View | None = None):
         if not hasattr(method, "fit_first"):
             raise TypeError(f"{type(method).__name__} does not declare fit_first (fit before or after shape)")
         self.method, self.features, self.view = method, features, view
@@ -151,7 +160,8 @@ class MethodRunner:
         return shaping
 
     def aux_loss(self, inputs: AuxInputs) -> Tensor | None:
-        return self.method.aux_loss(inputs) if self.has_aux_loss else None
+        aux = getattr(self.method, "aux_loss", None)
+        return aux(inputs) if callable(aux) else None
 
     def metrics(self) -> dict[str, float]:
         return {**self.method.metrics(), f"time/method/{self.name}": self.seconds}

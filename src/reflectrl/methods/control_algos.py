@@ -111,9 +111,9 @@ def probe(env_id: str) -> Spaces:
     envs = make_vector_env(env_id, 1)
     obs, act = envs.single_observation_space, envs.single_action_space
     envs.close()
-    discrete = isinstance(act, spaces.Discrete)
-    return Spaces(int(np.prod(obs.shape)), int(act.n) if discrete else None,
-                  int(act.n) if discrete else int(np.prod(act.shape)), discrete)
+    if isinstance(act, spaces.Discrete):
+        return Spaces(int(np.prod(obs.shape or ())), int(act.n), int(act.n), True)
+    return Spaces(int(np.prod(obs.shape or ())), None, int(np.prod(act.shape or ())), False)
 
 
 def observations(trainer: Any, b: Any) -> tuple[Tensor, Tensor]:
@@ -143,21 +143,22 @@ def refgrpo_methods(cfg: RefGRPOSeedConfig) -> list[MethodRunner]:
         base = torch.cat([b.obs, h], -1) if kind == "obs_action_hidden" else h
         return b.obs, control_features(base, b.actions, sp.num_actions)
 
-    method = RefGRPOSeed(in_dim, rc, rc.learning_rate, method_seed(rc.seed, 1))
+    method = RefGRPOSeed(in_dim, rc, float(rc.learning_rate or 0.0), method_seed(rc.seed, 1))
     return [MethodRunner(method, features)]
 
 
 def gear_methods(cfg: GearSeedConfig) -> list[MethodRunner]:
     sp = probe(cfg.env_id)
     rc = cfg.resolved(sp.discrete)
-    method = GearSeed(sp.obs_dim, rc.num_envs, rc.seed_group_size, rc.gamma, rc, method_seed(rc.seed, 2))
+    method = GearSeed(sp.obs_dim, int(rc.num_envs or 0), rc.seed_group_size, float(rc.gamma or 0.0), rc,
+                      method_seed(rc.seed, 2))
     return [MethodRunner(method, observations)]
 
 
 def exgrpo_methods(cfg: ExGRPOSeedConfig) -> list[MethodRunner]:
     sp = probe(cfg.env_id)
     rc = cfg.resolved(sp.discrete)
-    method = ExGRPOSeed(sp.obs_dim, rc.num_envs, rc, method_seed(rc.seed, 3))
+    method = ExGRPOSeed(sp.obs_dim, int(rc.num_envs or 0), rc, method_seed(rc.seed, 3))
     return [MethodRunner(method, observations)]
 
 

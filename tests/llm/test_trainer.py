@@ -238,3 +238,13 @@ def test_prepare_overlaps_last_rewards_with_same_numbers(tiny_dir, tmp_path):
     numbers = lambda r: {k: v for k, v in r.items() if not k.startswith("time/") and k != "charts/tokens_per_s"}
     assert [numbers(r) for r in recs_early] == [numbers(r) for r in recs_late]
     assert all(torch.equal(state_early[k], state_late[k]) for k in state_early)
+
+
+def test_an_update_logs_where_its_time_went(tiny_dir, tmp_path):
+    """The phases of benchmarks/llm_profile.py: prefill is part of generation, and the named phases fit in the update."""
+    trainer = GRPO(cfg(tiny_dir, tmp_path, updates=1))
+    rec = trainer.iteration()
+    trainer.rollout.close()
+    assert 0 < rec["time/prefill"] <= rec["time/generate"]
+    named = rec["time/generate"] + rec["time/reward_wait"] + rec["time/prepare"] + rec["time/update"]
+    assert 0 < named <= rec["time/iteration"] + 1e-9

@@ -9,6 +9,7 @@ of :class:`LogprobEngine`) and registering it with :func:`register_engine`; see 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -49,6 +50,7 @@ class TorchSampler:
 
     def __init__(self, policy: Policy, temperature: float = 1.0, top_k: int = 0, prune_frac: float = 0.25):
         self.policy, self.temperature, self.top_k, self.prune_frac = policy, temperature, top_k, prune_frac
+        self.prefill_s = 0.0  # seconds spent prefilling prompts (and transcripts), summed over calls
 
     def sync(self, policy: Policy) -> None:
         self.policy = policy
@@ -62,7 +64,9 @@ class TorchSampler:
         budgets = torch.as_tensor([max_new_tokens] * R if isinstance(max_new_tokens, int) else list(max_new_tokens),
                                   device=dev)
         # the G rows of a group share their prompt: prefill each distinct prompt once, then copy its cache
+        t0 = time.perf_counter()
         logits, mask, pos, cache = pol.prefill_shared(prompts)
+        self.prefill_s += time.perf_counter() - t0
         eos = torch.as_tensor(sorted(set(pol.eos_ids) | set(stop_ids)), device=dev)
         toks = torch.full((R, max(int(budgets.max()), 1)), -1, dtype=torch.long, device=dev)
         finished = budgets < 1

@@ -397,7 +397,7 @@ class GRPO(PolicyUpdate, Trainer):
                 lo, hi = shard(len(problems), self.dist.rank, self.dist.world)
                 problems, off = problems[lo:hi], off + lo
             more, st = self.rollout.start(problems, group, gen, index_offset=off).finish()
-            for k in ("generate_s", "env_s", "env_wait_s", "generated_tokens", "cache_hits"):
+            for k in ("generate_s", "prefill_s", "env_s", "env_wait_s", "generated_tokens", "cache_hits"):
                 setattr(rstats, k, getattr(rstats, k) + getattr(st, k))
             rstats.new_steps |= st.new_steps
             batches.append(more)

@@ -28,6 +28,7 @@ class RolloutStats:
     """Timings of one rollout (seconds) and token counts."""
 
     generate_s: float = 0.0
+    prefill_s: float = 0.0  # the part of generate_s spent prefilling contexts (engines that report it)
     env_s: float = 0.0  # CPU time of env steps / reward functions, summed over worker threads
     env_wait_s: float = 0.0  # time the rollout sat waiting for them after generating
     generated_tokens: int = 0
@@ -35,7 +36,8 @@ class RolloutStats:
     new_steps: set = field(default_factory=set)  # ids of the env-step futures this rollout submitted
 
     def as_metrics(self) -> dict[str, float]:
-        return {"time/generate": self.generate_s, "time/reward": self.env_s, "time/reward_wait": self.env_wait_s,
+        return {"time/generate": self.generate_s, "time/prefill": self.prefill_s, "time/reward": self.env_s,
+                "time/reward_wait": self.env_wait_s,
                 "rollout/generated_tokens": self.generated_tokens, "rollout/reward_cache_hits": self.cache_hits}
 
 
@@ -238,7 +240,7 @@ class Rollout:
         for start in range(0, len(live), self.gen_batch):
             chunk = live[start:start + self.gen_batch]
             budgets = [self._budget(r) for r in chunk]
-            t0 = time.perf_counter()
+            t0, p0 = time.perf_counter(), getattr(self.engine, "prefill_s", 0.0)
             with_lp = engine_logprobs(self.engine)
             if with_lp is not None:
                 outs, lps = with_lp([r.context() for r in chunk], budgets, generator, greedy, self.stop_ids)
@@ -246,6 +248,7 @@ class Rollout:
                 outs = self.engine.generate([r.context() for r in chunk], budgets, generator, greedy, self.stop_ids)
                 lps = [None] * len(outs)
             stats.generate_s += time.perf_counter() - t0
+            stats.prefill_s += getattr(self.engine, "prefill_s", 0.0) - p0
             eos = set(self.policy.eos_ids)
             bodies = [o[:-1] if o and o[-1] in eos else o for o in outs]
             texts = decode_batch(self.policy.tokenizer, bodies)

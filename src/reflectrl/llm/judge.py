@@ -26,7 +26,7 @@ from ..tasks.selfreport import QUESTIONS, parse_report
 from ..tasks.selfreport import question as ask_question
 from .batch import TokenBatch
 from .engines import TorchSampler
-from .grpo import GRPOHook
+from .grpo import GRPO, GRPOHook
 from .policy import Policy, load_policy
 from .rollout import decode_batch
 
@@ -63,12 +63,12 @@ class LMReflectorPass(GRPOHook):
         self.agreement = math.nan  # share of the graded episodes whose grade's sign is their outcome
         self.last_texts: list[str] = []
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: GRPO) -> None:
         if self.model_path:
             self.judge = load_policy(self.model_path, device=str(trainer.policy.device))
             self.judge.model.eval().requires_grad_(False)
 
-    def prompts(self, trainer: Any, batch: TokenBatch) -> list[list[int]]:
+    def prompts(self, trainer: GRPO, batch: TokenBatch) -> list[list[int]]:
         """Each row's grading prompt in the grader's tokens: the episode as the agent saw it, then the question."""
         pol = trainer.policy
         contexts = [batch.prompt_ids[r][batch.prompt_mask[r]].tolist() + batch.response_ids[r][
@@ -83,7 +83,7 @@ class LMReflectorPass(GRPOHook):
         return [tok(t + question, add_special_tokens=True)["input_ids"] for t in texts]
 
     @torch.no_grad()
-    def after_prepare(self, trainer: Any, batch: TokenBatch) -> None:
+    def after_prepare(self, trainer: GRPO, batch: TokenBatch) -> None:
         self.graded = self.malformed = self.too_long = 0
         self.agreement = math.nan
         if trainer.update_idx % self.every != 0 or batch.rows == 0:

@@ -7,13 +7,12 @@ share (:meth:`~reflectrl.llm.policy.Policy.shared_prompt_logp`; the log-probs al
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
 from ..tasks.base import teacher_prompt
 from .batch import TokenBatch
-from .grpo import GRPOHook
+from .grpo import GRPO, GRPOHook
 
 
 class TeacherPass(GRPOHook):
@@ -26,7 +25,7 @@ class TeacherPass(GRPOHook):
         self._cache: dict[str, list[int]] = {}
         self.seconds = 0.0
 
-    def prompts(self, trainer: Any, batch: TokenBatch) -> list[list[int]]:
+    def prompts(self, trainer: GRPO, batch: TokenBatch) -> list[list[int]]:
         """Token ids of each row's teacher prompt: the task's prompt with the reference answer in context."""
         pol, task = trainer.policy, trainer.task
         out = []
@@ -38,7 +37,7 @@ class TeacherPass(GRPOHook):
         return out
 
     @torch.no_grad()
-    def after_prepare(self, trainer: Any, batch: TokenBatch) -> None:
+    def after_prepare(self, trainer: GRPO, batch: TokenBatch) -> None:
         import time
 
         t0 = time.perf_counter()

@@ -8,7 +8,7 @@ registers them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from .exgrpo_seed import ExGRPOSeed, ExGRPOSeedDQNHook, ExGRPOSeedOptions
 from .gear_seed import GearSeed, GearSeedOptions
 from .nets import control_features
 from .refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
+
+if TYPE_CHECKING:
+    from ..control.ppo import PPO, Rollout
 
 
 def _check(checks: list[tuple[bool, str]]) -> None:
@@ -116,12 +119,12 @@ def probe(env_id: str) -> Spaces:
     return Spaces(int(np.prod(obs.shape or ())), None, int(np.prod(act.shape or ())), False)
 
 
-def observations(trainer: Any, b: Any) -> tuple[Tensor, Tensor]:
+def observations(trainer: PPO, b: Rollout) -> tuple[Tensor, Tensor]:
     """The states and features of the methods that read observations only."""
     return b.obs, b.obs
 
 
-def _actor_hidden(trainer: Any, b: Any) -> Tensor:
+def _actor_hidden(trainer: PPO, b: Rollout) -> Tensor:
     with torch.no_grad():
         flat = b.obs.reshape(-1, b.obs.shape[-1])
         h = trainer.model.actor_features(flat)
@@ -136,7 +139,7 @@ def refgrpo_methods(cfg: RefGRPOSeedConfig) -> list[MethodRunner]:
     in_dim = {"obs_action": sp.obs_dim + sp.act_dim, "obs_action_hidden": sp.obs_dim + sp.act_dim + hidden_w,
               "trunk_head": hidden_w + sp.act_dim}[kind]
 
-    def features(trainer: Any, b: Any) -> tuple[Tensor, Tensor]:
+    def features(trainer: PPO, b: Rollout) -> tuple[Tensor, Tensor]:
         if kind == "obs_action":
             return b.obs, control_features(b.obs, b.actions, sp.num_actions)
         h = _actor_hidden(trainer, b)

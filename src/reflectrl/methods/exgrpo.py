@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 
 from ..llm.batch import TokenBatch
-from ..llm.grpo import GRPOHook
+from ..llm.grpo import GRPO, GRPOHook
 
 STORED, OFFPOLICY = "loss/stored_logp", "loss/offpolicy"
 
@@ -107,7 +107,7 @@ class ExGRPO(GRPOHook):
             out.setdefault(self.count[q], []).append(q)
         return out
 
-    def select_problems(self, trainer: Any, n: int) -> list[Any]:
+    def select_problems(self, trainer: GRPO, n: int) -> list[Any]:
         self._metrics = {}  # this update's, from here to after_update
         K = trainer.cfg.group_size
         by_id = trainer.problems_by_id
@@ -127,11 +127,11 @@ class ExGRPO(GRPOHook):
         self._sizes = [K] * len(fresh) + [K - 1] * len(exp_ids)
         return fresh + [by_id[q] for q in exp_ids]
 
-    def group_sizes(self, trainer: Any, problems: list[Any]) -> list[int] | None:
+    def group_sizes(self, trainer: GRPO, problems: list[Any]) -> list[int] | None:
         return self._sizes
 
     @torch.no_grad()
-    def pick(self, trainer: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
+    def pick(self, trainer: GRPO, ids: list[str]) -> dict[str, dict[str, Any]]:
         """The stored trajectory each replayed question uses: lowest mean token entropy under the current
         policy (one batched no-grad forward over their stored trajectories), or random."""
         if self.o.exgrpo_pick == "random":
@@ -153,7 +153,7 @@ class ExGRPO(GRPOHook):
         return {q: r for q, (_, r) in best.items()}
 
     # ------------------------------------------------------------------ mixing and storing
-    def after_rollout(self, trainer: Any, batch: TokenBatch) -> TokenBatch:
+    def after_rollout(self, trainer: GRPO, batch: TokenBatch) -> TokenBatch:
         """Add each replayed question's stored trajectory to its group (as the group's last row) and mark its
         tokens off-policy with their stored log-probs."""
         batch.extras[OFFPOLICY] = torch.zeros(batch.rows, batch.steps)
@@ -180,7 +180,7 @@ class ExGRPO(GRPOHook):
         order = torch.argsort(out.index, stable=True)  # keep each group's rows together
         return out.select(order, trim=False)
 
-    def after_update(self, trainer: Any, batch: TokenBatch) -> None:
+    def after_update(self, trainer: GRPO, batch: TokenBatch) -> None:
         """Update the buffer from the fresh rows of this batch; start replay once the solve rate is high enough."""
         K = trainer.cfg.group_size
         fresh = batch.extras[OFFPOLICY].sum(1) == 0

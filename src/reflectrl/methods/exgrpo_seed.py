@@ -27,7 +27,7 @@ from ..checkpoint import (
     unpack_optimizer,
     unpack_state_dict,
 )
-from ..control.dqn import DQNHook
+from ..control.dqn import DQN, DQNHook
 from ..core import RingBuffer
 from .base import EpisodeAssembler, Shaping, StepBatch
 from .nets import ScalarMLP, adam_for, fit_regression
@@ -413,7 +413,7 @@ class ExGRPOSeedDQNHook(DQNHook):
         self.slots: list[list[tuple[int, int]]] = [[] for _ in range(num_envs)]
         self._metrics: dict[str, float] = {}
 
-    def after_step(self, trainer: Any, slots: Tensor, obs: Tensor, rewards: Tensor, done: Tensor) -> None:
+    def after_step(self, trainer: DQN, slots: Tensor, obs: Tensor, rewards: Tensor, done: Tensor) -> None:
         """Account one vector step: ``obs`` are the states the actions were taken in."""
         stamps = self.writes + torch.arange(len(slots))
         self.writes += len(slots)
@@ -434,7 +434,7 @@ class ExGRPOSeedDQNHook(DQNHook):
         if trainer.vstep % every == 0 and self.rm.memory.size >= self.o.refl_min_memory:
             self._metrics.update(self.rm.train())
 
-    def td_extra(self, trainer: Any, idx: Tensor) -> Tensor | None:
+    def td_extra(self, trainer: DQN, idx: Tensor) -> Tensor | None:
         """eta(progress) * scale * Q_refl for the sampled transitions."""
         if not self.rm.ready:
             return None

@@ -8,7 +8,7 @@ hidden states instead of observations.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..llm.config import GRPOConfig
 from ..trainer import check_all
@@ -20,6 +20,9 @@ from .gear_seed import GearSeed, GearSeedOptions
 from .refgrpo import RefGRPO, RefGRPOOptions
 from .refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
 from .rlcr import RLCR, RLCROptions
+
+if TYPE_CHECKING:
+    from ..llm.grpo import GRPO
 
 
 @dataclass
@@ -92,7 +95,7 @@ GEAR_SEED_DEFAULTS: dict[str, Any] = {"group_size": 4, "gear_distill_hidden": ()
 def gear_seed_llm_methods(cfg: GearSeedLLMConfig):
     """gear-seed's runner, built once the policy is loaded (V_d reads its hidden size)."""
 
-    def build(trainer: Any) -> list[MethodRunner]:
+    def build(trainer: GRPO) -> list[MethodRunner]:
         from ..llm.turns import GroupBaselineView
 
         method = GearSeed(trainer.policy.hidden_size, cfg.rows, cfg.group_size, cfg.gamma, cfg, method_seed(cfg.seed, 12))
@@ -172,7 +175,7 @@ def exgrpo_seed_llm_parts(cfg: ExGRPOSeedLLMConfig) -> tuple[list[Any], Any]:
                                      cfg.refl_every))
         external = INFO_KEY
 
-    def build(trainer: Any) -> list[MethodRunner]:
+    def build(trainer: GRPO) -> list[MethodRunner]:
         return [MethodRunner(ExGRPOSeed(trainer.policy.hidden_size, cfg.rows, cfg, method_seed(cfg.seed, 14),
                                         external=external))]
 
@@ -195,7 +198,7 @@ def rlcr_llm_methods(cfg: RLCRConfig) -> list[MethodRunner]:
 def refgrpo_seed_llm_methods(cfg: RefGRPOSeedLLMConfig):
     """The runner of refgrpo-seed, built once the policy is loaded (the predictor reads its hidden size)."""
 
-    def build(trainer: Any) -> list[MethodRunner]:
+    def build(trainer: GRPO) -> list[MethodRunner]:
         from ..llm.turns import TurnView
 
         method = RefGRPOSeed(trainer.policy.hidden_size, cfg, cfg.learning_rate, method_seed(cfg.seed, 11))

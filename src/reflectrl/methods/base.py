@@ -285,6 +285,19 @@ class EpisodeAssembler:
                     self.parts[r][f].append(data[f][r, start:].clone())
         return out
 
+    def add_whole(self, episode_end: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The whole-row case in one vectorized step (every row holds one episode, from its first step to its one
+        end: an LLM batch): each row's last step ``[R]`` and the mask of its episode's steps ``[R, T]``, so that the
+        episodes are a field's values under that mask, padded; the episodes are counted as :meth:`add` counts
+        them. None, counting nothing, when some row does not end exactly once."""
+        if not bool((episode_end.sum(1) == 1).all()):
+            return None
+        self.parts = [{f: [] for f in self.fields} for _ in range(self.rows)]
+        last = episode_end.to(torch.int64).argmax(1)
+        inside = torch.arange(episode_end.shape[1])[None, :] <= last[:, None]
+        self.episode = [e + 1 for e in self.episode]
+        return last, inside
+
     def pending_length(self, row: int) -> int:
         """Steps of ``row``'s unfinished episode seen so far."""
         first = self.fields[0]

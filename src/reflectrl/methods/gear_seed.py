@@ -256,12 +256,13 @@ class GearSeed:
         assembler's episodes; None where that case does not apply."""
         end = batch.episode_end
         R, T = end.shape
-        if not (batch.whole_rows and self.o.gear_distill_target == "terminal" and not self.pending
-                and R % self.G == 0 and bool((end.sum(1) == 1).all())):
+        if not (batch.whole_rows and self.o.gear_distill_target == "terminal" and not self.pending and R % self.G == 0):
             return None
-        last = end.to(torch.int64).argmax(1)  # [R]
+        whole = self.assembler.add_whole(end)
+        if whole is None:
+            return None
+        last, inside = whole  # [R], [R, T]
         steps = torch.arange(T)
-        inside = steps[None, :] <= last[:, None]  # [R, T]
         score = torch.where(inside, batch.rewards, torch.zeros_like(batch.rewards)).sum(1)
         order = torch.sort(score.reshape(-1, self.G), dim=1, descending=True, stable=True).indices[:, :self.k]
         rows = (order + torch.arange(R // self.G)[:, None] * self.G).reshape(-1)  # group-major, as _collect adds them
@@ -275,8 +276,6 @@ class GearSeed:
             n = inside[rows].sum(1).tolist()
             for xs, ys in zip(x.split(n), y.split(n)):
                 self.store.add(x=xs, y=ys)
-        for r in range(R):
-            self.assembler.episode[r] += 1
         return R // self.G, int(rows.numel())
 
     def _collect(self, episodes: list[Episode]) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from .batch import left_pad
+from .kv_reuse import Kept, KeptContexts, layer_tensors, padded_past
 from .policy import Policy
 
 
@@ -46,14 +47,22 @@ class LogprobEngine(GenerationEngine, Protocol):
 
 class TorchSampler:
     """Batched sampling with the model's KV cache; rows that finished are dropped from the batch (and
-    from the cache) as soon as they make up ``prune_frac`` of it. Uses its own ``torch.Generator``."""
+    from the cache) as soon as they make up ``prune_frac`` of it. Uses its own ``torch.Generator``. With
+    ``reuse_cache`` (``--engine-options reuse_cache=true``) each row's keys and values are kept from one call to the
+    next, so that a multi-turn episode's next turn prefills only what was added to its transcript
+    (:mod:`reflectrl.llm.kv_reuse`)."""
 
-    def __init__(self, policy: Policy, temperature: float = 1.0, top_k: int = 0, prune_frac: float = 0.25):
+    def __init__(self, policy: Policy, temperature: float = 1.0, top_k: int = 0, prune_frac: float = 0.25,
+                 reuse_cache: bool = False):
         self.policy, self.temperature, self.top_k, self.prune_frac = policy, temperature, top_k, prune_frac
         self.prefill_s = 0.0  # seconds spent prefilling prompts (and transcripts), summed over calls
+        self.kept = KeptContexts() if reuse_cache else None
+        self.reused_tokens = 0  # context tokens whose keys and values came from the previous call (reuse_cache)
 
     def sync(self, policy: Policy) -> None:
         self.policy = policy
+        if self.kept is not None:  # new weights: what was kept no longer holds
+            self.kept.clear()
 
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens, generator, greedy=False, stop_ids=()):
@@ -65,8 +74,9 @@ class TorchSampler:
                                   device=dev)
         # the G rows of a group share their prompt: prefill each distinct prompt once, then copy its cache
         t0 = time.perf_counter()
-        logits, mask, pos, cache = pol.prefill_shared(prompts)
+        logits, mask, pos, cache = self._start(prompts)
         self.prefill_s += time.perf_counter() - t0
+        context_mask, width = mask.clone(), mask.shape[1]
         eos = torch.as_tensor(sorted(set(pol.eos_ids) | set(stop_ids)), device=dev)
         toks = torch.full((R, max(int(budgets.max()), 1)), -1, dtype=torch.long, device=dev)
         finished = budgets < 1
@@ -84,13 +94,56 @@ class TorchSampler:
                 break
             if float((~live).float().mean()) >= self.prune_frac:  # drop finished rows from batch and cache
                 sel = live.nonzero().squeeze(1)
+                if self.kept is not None:
+                    self._keep(prompts, toks, alive, (~live).nonzero().squeeze(1), cache, context_mask, width)
                 cache.batch_select_indices(sel)
                 alive, nxt, mask, last_pos = alive[sel], nxt[sel], mask[sel], last_pos[sel]
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
             last_pos = last_pos + 1
             logits = pol.step_logits(nxt[:, None], mask, last_pos, cache)
+        if self.kept is not None:
+            self._keep(prompts, toks, alive, torch.arange(alive.numel(), device=dev), cache, context_mask, width)
         rows = toks.cpu().tolist()
         return [[t for t in row if t >= 0] for row in rows]
+
+    def _start(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, Tensor, Any]:
+        """The first logits, the mask, the positions and the cache of a call: a prefill of every prompt, or, with
+        kept keys and values, a forward over what each row's context added to its kept one."""
+        pol = self.policy
+        taken = [self.kept.take(list(p)) for p in prompts] if self.kept is not None and len(self.kept) else []
+        if not any(m for m, _ in taken):
+            return pol.prefill_shared(prompts)
+        from transformers import DynamicCache
+
+        self.reused_tokens += sum(m for m, _ in taken)
+
+        dev = pol.device
+        past, past_mask = padded_past(taken, len(prompts))
+        ids, new_mask = left_pad([list(p)[m:] for p, (m, _) in zip(prompts, taken)], pol.pad_id)
+        ids, new_mask = ids.to(dev), new_mask.long().to(dev)
+        starts = torch.as_tensor([m for m, _ in taken], device=dev)
+        pos = starts[:, None] + (new_mask.cumsum(1) - 1).clamp_min(0)
+        cache = DynamicCache(ddp_cache_data=past, config=self.policy.config)
+        mask = torch.cat([past_mask, new_mask], 1)
+        return pol.step_logits(ids, mask, pos, cache), mask, pos, cache
+
+    def _keep(self, prompts: Sequence[Sequence[int]], toks: Tensor, alive: Tensor, slots: Tensor, cache: Any,
+              context_mask: Tensor, width: int) -> None:
+        """Keep the keys and values of the rows in cache ``slots`` (their context's real positions and the generated
+        tokens that were fed: all but each row's last)."""
+        assert self.kept is not None
+        if not slots.numel():
+            return
+        rows = alive[slots]
+        n_gen = (toks[rows] >= 0).sum(1)
+        source = layer_tensors(cache)
+        extra = source[0][0].shape[2] - width  # the columns the sampling loop appended
+        real = torch.cat([context_mask[rows].bool(),
+                          torch.arange(extra, device=toks.device)[None, :] < (n_gen - 1)[:, None]], 1)
+        gens = toks[rows].tolist()
+        for i, (r, g, slot) in enumerate(zip(rows.tolist(), gens, slots.tolist())):
+            g = [t for t in g if t >= 0]
+            self.kept.keep(list(prompts[r]), Kept(list(prompts[r]) + g[:-1], source, slot, real[i]))
 
     def _pick(self, logits: Tensor, generator: torch.Generator, greedy: bool) -> Tensor:
         if greedy or self.temperature == 0:
@@ -175,6 +228,13 @@ def check_engine(name: str) -> None:
     why = ENGINE_CHECKS[name]() if name in ENGINE_CHECKS else None
     if why:
         raise ConfigError(why)
+
+
+def default_engine_options(name: str, several_turns: bool) -> dict[str, Any]:
+    """The trainer's engine options unless ``--engine-options`` says otherwise: the torch engine keeps each row's KV
+    cache between the turns of an episode (``reuse_cache``) when an episode has several turns (a multi-turn task, or
+    a self-report turn)."""
+    return {"reuse_cache": True} if name == "torch" and several_turns else {}
 
 
 def make_engine(name: str, policy: Policy, temperature: float = 1.0, top_k: int = 0,

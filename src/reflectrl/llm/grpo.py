@@ -33,7 +33,7 @@ from .batch import ENGINE_LOGP, TokenBatch
 from .collapse import CollapseAlarm
 from .config import SAMPLES, GRPOConfig
 from .distributed import from_env, rank_seed, shard
-from .engines import check_engine, make_engine
+from .engines import check_engine, default_engine_options, make_engine
 from .episodes import (
     _no_signal_rows,
     _zero_std_rows,
@@ -148,7 +148,9 @@ class GRPO(PolicyUpdate, Trainer):
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=cfg.learning_rate,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay)
-        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k, **cfg.engine_kwargs())
+        several = bool(getattr(self.task, "multi_turn", False)) or cfg.self_report != "off"  # turns in an episode
+        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k,
+                                  **{**default_engine_options(cfg.engine, several), **cfg.engine_kwargs()})
         self.rollout = Rollout(self.policy, self.engine, self.task, cfg.max_new_tokens, turns, budget, cfg.gen_batch,
                                cfg.reward_workers, reward_cache=cfg.reward_cache,
                                batch_scoring=cfg.sandbox_batch > 1)

@@ -104,5 +104,6 @@ def test_the_trainer_keeps_the_cache_where_an_episode_has_several_turns(tiny_dir
 
     assert engine(task="toy-add").kept is None  # one turn: nothing to keep
     assert engine(task="toy-guess").kept is not None
-    assert engine(task="toy-add", self_report="confidence").kept is not None
+    assert engine(task="toy-add", self_report="confidence").kept is None  # a single-turn task's report: not kept
+    assert engine(task="toy-add", self_report="confidence", engine_options=("reuse_cache=true",)).kept is not None
     assert engine(task="toy-guess", engine_options=("reuse_cache=false",)).kept is None

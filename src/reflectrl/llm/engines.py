@@ -232,8 +232,8 @@ def check_engine(name: str) -> None:
 
 def default_engine_options(name: str, several_turns: bool) -> dict[str, Any]:
     """The trainer's engine options unless ``--engine-options`` says otherwise: the torch engine keeps each row's KV
-    cache between the turns of an episode (``reuse_cache``) when an episode has several turns (a multi-turn task, or
-    a self-report turn)."""
+    cache between the turns of an episode (``reuse_cache``) on a multi-turn task. A single-turn task's self-report
+    turn has little to reuse on the tiny models and keeps re-prefilling unless asked (BENCHMARKS.md)."""
     return {"reuse_cache": True} if name == "torch" and several_turns else {}
 
 

@@ -27,7 +27,7 @@ from ..core import adv_est_requires, get_adv_est
 from ..errors import ConfigError
 from ..methods.base import MethodRunner, StepBatch, apply_shaping, last_turn_tokens
 from ..tasks.base import Problem, absolute_option_paths, get_task
-from ..tasks.selfreport import with_self_report
+from ..tasks.selfreport import SelfReportTask, with_self_report
 from ..trainer import Clock, Trainer, default_run_dir
 from .batch import ENGINE_LOGP, TokenBatch
 from .collapse import CollapseAlarm
@@ -148,9 +148,10 @@ class GRPO(PolicyUpdate, Trainer):
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=cfg.learning_rate,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay)
-        several = bool(getattr(self.task, "multi_turn", False)) or cfg.self_report != "off"  # turns in an episode
+        inner = self.task.task if isinstance(self.task, SelfReportTask) else self.task
+        multi = bool(getattr(inner, "multi_turn", False))  # the task's own turns (a self-report turn aside)
         self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k,
-                                  **{**default_engine_options(cfg.engine, several), **cfg.engine_kwargs()})
+                                  **{**default_engine_options(cfg.engine, multi), **cfg.engine_kwargs()})
         self.rollout = Rollout(self.policy, self.engine, self.task, cfg.max_new_tokens, turns, budget, cfg.gen_batch,
                                cfg.reward_workers, reward_cache=cfg.reward_cache,
                                batch_scoring=cfg.sandbox_batch > 1)

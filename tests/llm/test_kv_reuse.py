@@ -107,3 +107,18 @@ def test_the_trainer_keeps_the_cache_where_an_episode_has_several_turns(tiny_dir
     assert engine(task="toy-add", self_report="confidence").kept is None  # a single-turn task's report: not kept
     assert engine(task="toy-add", self_report="confidence", engine_options=("reuse_cache=true",)).kept is not None
     assert engine(task="toy-guess", engine_options=("reuse_cache=false",)).kept is None
+
+
+def test_the_rows_of_a_group_each_keep_their_own_cache():
+    """Rows that were given the same context (a group) are kept side by side; each new context takes the one whose
+    tokens it continues."""
+    store = KeptContexts()
+    blank = [(torch.zeros(1, 1, 6, 2), torch.zeros(1, 1, 6, 2))]
+    store.keep([1, 2], Kept([1, 2, 5, 5, 5], blank, 0, torch.ones(6, dtype=torch.bool)))
+    store.keep([1, 2], Kept([1, 2, 7, 7, 7], blank, 0, torch.ones(6, dtype=torch.bool)))
+    assert len(store) == 2
+    m, hit = store.take([1, 2, 7, 7, 7, 9, 9])
+    assert hit is not None and hit.tokens[2] == 7 and m == 5
+    m, hit = store.take([1, 2, 5, 5, 5, 9])
+    assert hit is not None and hit.tokens[2] == 5 and m == 5
+    assert len(store) == 0

@@ -33,11 +33,21 @@ class Kept:
     slot: int
     real: Tensor
 
+def _agree(prompt: list[int], tokens: list[int], start: int) -> int:
+    """How far ``prompt`` and a kept row's ``tokens`` agree (they agree on the first ``start``), at most
+    ``len(prompt) - 1``: one token is left to feed."""
+    m, end = start, min(len(prompt) - 1, len(tokens))
+    while m < end and prompt[m] == tokens[m]:
+        m += 1
+    return min(m, end)
+
+
 class KeptContexts:
     """The rows' kept keys and values between generation calls (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.by_prompt: dict[tuple[int, ...], Kept] = {}  # under the context the call was given
+        self.by_prompt: dict[tuple[int, ...], list[Kept]] = {}  # under the context the call was given (a group's
+        # rows share it)
         self.lengths: dict[int, int] = {}  # how many kept contexts have each length
 
     def clear(self) -> None:
@@ -45,30 +55,32 @@ class KeptContexts:
         self.lengths.clear()
 
     def __len__(self) -> int:
-        return len(self.by_prompt)
+        return sum(self.lengths.values())
 
     def take(self, prompt: list[int]) -> tuple[int, Kept | None]:
-        """The longest kept context that is a prefix of ``prompt``, removed from the store, and how many of
-        ``prompt``'s tokens its keys and values cover (at most ``len(prompt) - 1``: one token is left to feed)."""
+        """The kept row whose context is the longest prefix of ``prompt`` and, among those that share it, whose
+        tokens agree with ``prompt`` the longest, removed from the store; and how many of ``prompt``'s tokens its
+        keys and values cover (at most ``len(prompt) - 1``: one token is left to feed)."""
         for n in sorted((n for n in self.lengths if n <= len(prompt)), reverse=True):
-            kept = self.by_prompt.pop(tuple(prompt[:n]), None)  # a dict of tuples: hashed and compared in C
-            if kept is None:
+            key = tuple(prompt[:n])
+            rows = self.by_prompt.get(key)  # a dict of tuples: hashed and compared in C
+            if not rows:
                 continue
+            agreed = [_agree(prompt, k.tokens, n) for k in rows]
+            best = max(range(len(rows)), key=agreed.__getitem__)
+            kept = rows.pop(best)
+            if not rows:
+                del self.by_prompt[key]
             self.lengths[n] -= 1
             if not self.lengths[n]:
                 del self.lengths[n]
-            m, limit = n, min(len(prompt) - 1, len(kept.tokens))
-            while m < limit and prompt[m] == kept.tokens[m]:
-                m += 1
-            return min(m, limit), kept
+            return agreed[best], kept
         return 0, None
 
     def keep(self, prompt: list[int], kept: Kept) -> None:
         """Keep a row's keys and values (its context ``prompt`` and what it generated), under ``prompt``."""
-        key = tuple(prompt)
-        if key not in self.by_prompt:
-            self.lengths[len(key)] = self.lengths.get(len(key), 0) + 1
-        self.by_prompt[key] = kept
+        self.by_prompt.setdefault(tuple(prompt), []).append(kept)
+        self.lengths[len(prompt)] = self.lengths.get(len(prompt), 0) + 1
 
 
 def layer_tensors(cache: Any) -> list[tuple[Tensor, Tensor]]:

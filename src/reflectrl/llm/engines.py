@@ -233,7 +233,7 @@ def check_engine(name: str) -> None:
 def default_engine_options(name: str, several_turns: bool) -> dict[str, Any]:
     """The trainer's engine options unless ``--engine-options`` says otherwise: the torch engine keeps each row's KV
     cache between the turns of an episode (``reuse_cache``) on a multi-turn task. A single-turn task's self-report
-    turn has little to reuse on the tiny models and keeps re-prefilling unless asked (BENCHMARKS.md)."""
+    turn keeps re-prefilling unless asked, so that the results trained that way reproduce (docs/llm.md)."""
     return {"reuse_cache": True} if name == "torch" and several_turns else {}
 
 

@@ -22,6 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultio import main as run  # noqa: E402
+from resultio import results_file  # noqa: E402
+
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
     import torch
@@ -66,7 +70,7 @@ def render(paths: list[str]) -> str:
     lines = ["| task | model | rows | prompt + response width | padding | padded CPU s | causal CPU s | speedup | "
              "largest log-prob difference |", "|---|---|---|---|---|---|---|---|---|"]
     for p in paths:
-        path = Path(p) if Path(p).exists() else Path(__file__).resolve().parent / "results" / p
+        path = results_file(p)
         r = json.loads(path.read_text())
         model = "tiny (a warm-up)" if "/" in r["model"] else r["model"]
         lines.append(f"| {r['task']} | {model} | {r['rows']} | {r['prompt_width']} + "
@@ -87,19 +91,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lora-r", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--json-out")
-    ap.add_argument("--render", nargs="+", metavar="JSON")
-    a = ap.parse_args()
-    if a.render:
-        print(render(a.render))
-        return
-    if not a.model:
-        ap.error("--model is required (or --render)")
-    res = measure(a)
-    if a.json_out:
-        Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json_out).write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps(res))
+    run(ap, measure, render, needs="model")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultio import main as run  # noqa: E402
+from resultio import results_file  # noqa: E402
+
 
 def rollout(policy: Any, task: Any, reuse: bool, a: argparse.Namespace) -> tuple[float, float, list]:
     import torch
@@ -79,7 +83,7 @@ def render(paths: list[str]) -> str:
     lines = ["| task | model | rows | agent turns per episode | CPU s per rollout | with the kept cache | speedup | "
              "prefill s | with the kept cache | same episodes |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p in paths:
-        path = Path(p) if Path(p).exists() else Path(__file__).resolve().parent / "results" / p
+        path = results_file(p)
         r = json.loads(path.read_text())
         lines.append(f"| {r['task']} | {r['model']} | {r['rows']} | {r['turns_per_episode']:.1f} | {r['cpu_s']:.2f} | "
                      f"{r['cpu_s_reuse']:.2f} | {r['speedup']:.2f}x | {r['prefill_s']:.2f} | {r['prefill_s_reuse']:.2f} | "
@@ -103,17 +107,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json-out")
-    ap.add_argument("--render", nargs="+", metavar="JSON")
-    a = ap.parse_args()
-    if a.render:
-        print(render(a.render))
-        return
-    res = measure(a)
-    if a.json_out:
-        Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json_out).write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps(res))
+    run(ap, measure, render)
 
 
 if __name__ == "__main__":

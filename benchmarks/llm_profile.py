@@ -28,6 +28,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultio import main as run  # noqa: E402
+from resultio import results_file  # noqa: E402
+
 PHASES = [("generate", "time/generate"), ("prefill (of generate)", "time/prefill"),
           ("reward wait", "time/reward_wait"), ("no-grad passes", "time/prepare"), ("update", "time/update")]
 
@@ -54,11 +58,16 @@ def profile(run_dirs: list[str], skip: int) -> list[dict[str, Any]]:
     return rows
 
 
+def measure(a: Any) -> dict[str, Any]:
+    return {"rows": profile(a.runs, a.skip), "skip": a.skip,
+            "command": " ".join(["python", "benchmarks/llm_profile.py", *sys.argv[1:]])}
+
+
 def render(paths: list[str]) -> str:
     head = "| task | algo | updates | seconds per update | " + " | ".join(n for n, _ in PHASES) + " | other |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for p in paths:
-        path = Path(p) if Path(p).exists() else Path(__file__).resolve().parent / "results" / p
+        path = results_file(p)
         for r in json.loads(path.read_text())["rows"]:
             cells = ["not logged" if r["phases_s"][n] is None else f"{100 * r['phases_s'][n] / r['update_s']:.0f}%"
                      for n, _ in PHASES]
@@ -71,20 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="*", metavar="RUN_DIR")
     ap.add_argument("--skip", type=int, default=5, help="updates left out at the start of each run")
-    ap.add_argument("--json-out")
-    ap.add_argument("--render", nargs="+", metavar="JSON")
-    a = ap.parse_args()
-    if a.render:
-        print(render(a.render))
-        return
-    if not a.runs:
-        ap.error("give run directories (or --render)")
-    res = {"rows": profile(a.runs, a.skip), "skip": a.skip,
-           "command": " ".join(["python", "benchmarks/llm_profile.py", *sys.argv[1:]])}
-    if a.json_out:
-        Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json_out).write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps(res))
+    run(ap, measure, render, needs="runs")
 
 
 if __name__ == "__main__":

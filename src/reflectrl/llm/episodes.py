@@ -68,14 +68,14 @@ def step_brier(stated: list[list[float | None]], correct: torch.Tensor) -> torch
                          for qs, y in zip(stated, correct.tolist())])
 
 
-def calibration_metrics(batch: TokenBatch) -> dict[str, float]:
+def calibration_metrics(batch: TokenBatch, info: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """The self-report metrics of a rollout batch (``calibration/...``): of the reports asked after the episode,
     and ``calibration/step_ece`` of the confidences stated along it (every turn's, against the episode's
     outcome); with a task that says how many searches a question needs, ``rollout/premature_rate`` (answered
     wrong after fewer searches than needed). Empty without any."""
     from ..eval.calibration import ece, self_report_metrics
 
-    info = episode_info(batch)
+    info = episode_info(batch) if info is None else info
     out: dict[str, float] = {}
     if "reflection" in info or "confidence" in info:
         m = self_report_metrics(info["correct"], info.get("reflection"), info.get("confidence"))
@@ -113,11 +113,12 @@ def _no_signal_rows(batch: TokenBatch) -> torch.Tensor:
     return _zero_std_rows(batch, trained_reward(batch))
 
 
-def reward_metrics(batch: TokenBatch, trained: bool = False, tool_kinds: tuple[str, ...] = ()) -> dict[str, float]:
+def reward_metrics(batch: TokenBatch, trained: bool = False, tool_kinds: tuple[str, ...] = (),
+                   info: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """Reward mean/std, accuracy, groups without signal (their trained rewards all equal), completion lengths
     and, when the rollouts carry self-reports, their calibration (``calibration/*``) of a rollout batch. With
     ``trained`` (methods changed the rewards), also the mean and std of the reward trained on; ``tool_kinds``: the
-    task's (:func:`tool_calls`)."""
+    task's (:func:`tool_calls`); ``info``: the batch's :func:`episode_info`, when the caller has it."""
     lens = batch.completion_lengths.float()
     _, inv = torch.unique(batch.index, return_inverse=True)
     n_groups = int(inv.max()) + 1
@@ -132,4 +133,4 @@ def reward_metrics(batch: TokenBatch, trained: bool = False, tool_kinds: tuple[s
             "completion/truncated_frac": float(batch.truncated.float().mean()),
             "rollout/turns": float((batch.turn_ids.max(1).values + 1).float().mean()),
             "rollout/tool_calls": tool_calls(batch, tool_kinds),
-            **calibration_metrics(batch)}
+            **calibration_metrics(batch, info)}

@@ -335,10 +335,10 @@ class GRPO(PolicyUpdate, Trainer):
         off = batch.extras.get("loss/offpolicy")
         fresh = batch if off is None or not bool(off.any()) else batch.select((off.sum(1) == 0).nonzero().squeeze(1),
                                                                            trim=False)
-        kinds = tuple(getattr(self.task, "tool_kinds", ()))
+        kinds, info = tuple(getattr(self.task, "tool_kinds", ())), episode_info(fresh)
         return {"update": self.update_idx, "global_step": self.global_step,
-                **reward_metrics(fresh, bool(self.methods), kinds), **gap,
-                **self.alarm.observe(episode_info(fresh), self.update_idx)}
+                **reward_metrics(fresh, bool(self.methods), kinds, info), **gap,
+                **self.alarm.observe(info, self.update_idx)}
 
     def mark_report_turn(self, batch: TokenBatch) -> None:
         """Row ids, and with ``--report-entropy-coef`` the self-report turn's entropy weights, for the update."""

@@ -33,6 +33,7 @@ class Kept:
     slot: int
     real: Tensor
 
+
 def _agree(prompt: list[int], tokens: list[int], start: int) -> int:
     """How far ``prompt`` and a kept row's ``tokens`` agree (they agree on the first ``start``), at most
     ``len(prompt) - 1``: one token is left to feed."""

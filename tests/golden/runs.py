@@ -12,7 +12,9 @@ products go through, picks its own code path by CPU, and on CPUs with AMX (Intel
 last bits differ again, whatever MKL_CBWR says. So there is one set of files per kind of CPU they were recorded
 on: this folder's (AVX2 and AVX-512 CPUs without AMX) and ``amx/`` (with AMX), and a run must equal one of them.
 ``--record NAME --set amx`` rewrites a set's file; a documented change of behaviour re-records every set it can
-and removes the files of the sets it cannot (their CPUs then compare with the others).
+and removes the files of the sets it cannot. A run with no file for this CPU's kind (:func:`cpu_set`) is skipped
+on it, with the reason: the LLM method runs (refgrpo, rlcr, gear, exgrpo and the seeds' LLM forms) have only the
+default set so far.
 """
 
 from __future__ import annotations
@@ -40,11 +42,15 @@ CONTROL = {
     "dqn": DQN_ARGS,
     "exgrpo-seed-dqn": DQN_ARGS + ["--refl-every", "100", "--refl-min-memory", "4"],
 }
-LLM = {"grpo": [], "drgrpo": [], "dapo": []}
+LLM = {"grpo": [], "drgrpo": [], "dapo": [], "refgrpo": ["--max-new-tokens", "10"], "rlcr": [], "gear": [], "exgrpo": ["--exgrpo-start-rate", "0.1"],
+       "refgrpo-balanced": ["--max-new-tokens", "10", "--refgrpo-reward", "balanced", "--refgrpo-credit", "split"],
+       "rlcr-rank": ["--rlcr-calibration", "rank", "--rlcr-credit", "split"],
+       "llm-refgrpo-seed": [], "llm-gear-seed": [], "llm-exgrpo-seed": ["--refl-min-memory", "4"]}
 LLM_ARGS = ["--task", "golden-arith", "--updates", "3", "--prompts-per-update", "4", "--group-size", "4",
             "--max-new-tokens", "6", "--learning-rate", "1e-3", "--seed", "2", "--gen-batch", "8",
             "--reward-workers", "0", "--minibatches", "2"]
-ALGO_NAME = {"gear-seed-rank": "gear-seed"}
+ALGO_NAME = {"gear-seed-rank": "gear-seed", "llm-refgrpo-seed": "refgrpo-seed", "llm-gear-seed": "gear-seed",
+             "llm-exgrpo-seed": "exgrpo-seed", "refgrpo-balanced": "refgrpo", "rlcr-rank": "rlcr"}
 
 
 def is_timing(key: str) -> bool:
@@ -65,17 +71,25 @@ def register_golden_task() -> None:
         register_task("golden-arith")(lambda **kw: ArithTask(digits=1, n_train=100, n_heldout=20, **kw))
 
 
-def tiny_model(tmp: Path) -> Path:
-    """A tiny random-init model, briefly warmed up so that rewards vary within groups."""
+SELF_REPORT = {"refgrpo": "reflect", "refgrpo-balanced": "reflect", "rlcr": "confidence", "rlcr-rank": "confidence"}
+"""The runs whose model is warmed up with that self-report turn in its demonstrations (so the method has reports
+to shape)."""
+
+
+def tiny_model(tmp: Path, self_report: str = "off") -> Path:
+    """A tiny random-init model, briefly warmed up so that rewards vary within groups (and, with ``self_report``,
+    its demonstrations end with that self-report turn)."""
     from reflectrl.llm.tiny import init_tiny
     from reflectrl.llm.warmup import WarmupConfig, warmup
 
     register_golden_task()
-    warm = tmp / "warm"
+    warm = tmp / ("warm" if self_report == "off" else f"warm-{self_report}")
     if not (warm / "config.json").exists():
-        base = init_tiny(tmp / "tiny", layers=1, width=32, heads=2, max_positions=128, seed=0)
+        base = tmp / "tiny"
+        if not (base / "config.json").exists():
+            init_tiny(base, layers=1, width=32, heads=2, max_positions=128, seed=0)
         warmup(WarmupConfig(model=str(base), task="golden-arith", out=str(warm), steps=150, batch_size=32,
-                            learning_rate=3e-3, max_new_tokens=6, progress=False))
+                            learning_rate=3e-3, max_new_tokens=6, progress=False, self_report=self_report))
     return warm
 
 
@@ -87,8 +101,8 @@ def run(name: str, tmp: Path) -> list[dict[str, Any]]:
     run_dir = tmp / name
     common = ["--run-dir", str(run_dir), "--no-progress", "--no-tensorboard"]
     if name in LLM:
-        model = tiny_model(tmp)
-        argv = ["llm", "train", "--algo", name, "--model", str(model), *LLM_ARGS, *LLM[name], *common,
+        model = tiny_model(tmp, SELF_REPORT.get(name, "off"))
+        argv = ["llm", "train", "--algo", ALGO_NAME.get(name, name), "--model", str(model), *LLM_ARGS, *LLM[name], *common,
                 "--no-export-model", "--sample-interval", "0"]
     else:
         argv = ["train", "--algo", ALGO_NAME.get(name, name), *CONTROL[name], *common]
@@ -111,6 +125,15 @@ def kernels_available() -> str | None:
     except OSError:
         return None
     return None if " avx2" in flags else "the golden files are recorded with AVX2 kernels; this CPU has no AVX2"
+
+
+def cpu_set() -> str:
+    """The set this CPU's runs are expected to equal: ``"amx"`` on a CPU with AMX, else ``""``."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return "amx" if " amx_tile" in flags else ""
 
 
 def dump(names: list[str], out: Path) -> None:

@@ -4,7 +4,7 @@
         runs/bench/llm_learn/rag_s3 --json-out benchmarks/results/llm_learn_dynamics_rag.json
     python benchmarks/llm_learn_dynamics.py --render llm_learn_dynamics_rag.json    # markdown (BENCHMARKS.md)
     python benchmarks/llm_learn_dynamics.py runs/cmp_llm/arith13/runs/arith/exgrpo-seed/seed_1 ... \
-        --keys accuracy groups/zero_std_frac completion/truncated_frac exgrpo/coef --json-out ...
+        --keys accuracy groups/zero_std_frac completion/truncated_frac exgrpo-seed/coef --json-out ...
 
 Folders may also be run directories (of ``reflectrl llm train`` or ``llm compare``, with their own ``metrics.jsonl``
 and, from compare, ``eval.json``); ``--keys`` picks the metrics (default: the four below).
@@ -25,24 +25,31 @@ from pathlib import Path
 
 import numpy as np
 
-from reflectrl.runlog import read_metrics
+from reflectrl.methods.exgrpo import ExGRPO
+from reflectrl.methods.exgrpo_seed import ExGRPOSeed
+from reflectrl.runlog import RENAMED_METRICS, read_metrics
 
 RES = Path(__file__).resolve().parent / "results"
 SPANS = 5
 KEYS = {"accuracy": "training accuracy", "groups/zero_std_frac": "groups with one outcome",
         "losses/entropy": "token entropy", "rollout/tool_calls": "searches per episode"}
 LABELS = {**KEYS, "completion/truncated_frac": "completions cut at the token limit",
-          "completion/mean_length": "completion length", "exgrpo/coef": "reflection coefficient",
-          "exgrpo/retired": "retired questions", "exgrpo/replay_share": "replayed share",
+          "completion/mean_length": "completion length", **ExGRPO.metric_labels, **ExGRPOSeed.metric_labels,
           "calibration/mean_confidence": "mean stated confidence", "calibration/step_ece": "per-step ECE",
           "rlcr/unanswered_rate": "episodes without an answer", "rollout/premature_rate": "premature answers"}
-COUNTS = {"exgrpo/retired", "exgrpo/buffer_questions"}
+FAMILIES = tuple(k for k in LABELS if k.endswith("_"))  # a numbered family of metrics: exgrpo/bucket_1, ...
 
 
 def label(key: str) -> str:
-    if key.startswith("exgrpo/bucket_"):
-        return f"stored questions solved {key.rsplit('_', 1)[1]} of K"
+    key = RENAMED_METRICS.get(key, key)  # a results file written before the seed methods had their own names
+    family = next((f for f in FAMILIES if key.startswith(f)), None)
+    if family is not None:
+        return LABELS[family].format(key[len(family):])
     return LABELS.get(key, key)
+
+
+def is_count(key: str) -> bool:
+    return any(key == c or (c.endswith("_") and key.startswith(c)) for c in ExGRPO.count_metrics)
 
 
 def _read_json(p: Path) -> dict:
@@ -68,7 +75,7 @@ def measure(dirs: list[Path], keys: list[str] | None = None) -> dict:
             row = {"dir": str(d), "seed": cfg.get("seed"), "task": cfg.get("task"), "updates": len(recs),
                    "method": d.parent.name, "eval_accuracy": ev.get("accuracy")}
         for key in keys or KEYS:
-            default = 0.0 if key.startswith("exgrpo/bucket_") else float("nan")  # an empty bucket is not logged
+            default = 0.0 if key.startswith(FAMILIES) else float("nan")  # an empty bucket is not logged
             vals = np.array([float(v) if isinstance(v := r.get(key, default), (int, float)) else float("nan")
                              for r in recs])  # null (nothing to measure that update): no value
             row[key] = [float(np.nanmean(vals[s])) if np.isfinite(vals[s]).any() else None for s in spans]
@@ -81,7 +88,7 @@ def measure(dirs: list[Path], keys: list[str] | None = None) -> dict:
 
 def render(data: dict) -> str:
     def cells(v: list, key: str = "") -> str:
-        digits = 0 if key in COUNTS or key.startswith("exgrpo/bucket_") else 2
+        digits = 0 if is_count(key) else 2
         return " -> ".join("n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}" for x in v)
 
     if "keys" in data:  # run directories: method, seed, final held-out accuracy

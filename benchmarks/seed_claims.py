@@ -33,8 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-from reflectrl.eval.report import run_auc
-from reflectrl.eval.rundata import discover_runs, group_runs, load_run
 from reflectrl.eval.stats import (
     by_seed,
     claim_text,
@@ -43,6 +41,8 @@ from reflectrl.eval.stats import (
     iqm,
     probability_of_improvement_ci,
 )
+from reflectrl.experiments.report import run_auc
+from reflectrl.experiments.rundata import discover_runs, group_runs, load_run
 
 BASE = "ppo"
 
@@ -61,7 +61,7 @@ MARGIN_SHARE = 0.05
 """Non-inferiority margin of "final >= PPO": 5% of the magnitude of PPO's mean final return in the env."""
 
 
-def lcal_trend(runs, metric: str = "refgrpo/L_cal_heldout", min_seeds: int = 1) -> dict | None:
+def lcal_trend(runs, metric: str = "refgrpo-seed/L_cal_heldout", min_seeds: int = 1) -> dict | None:
     ratios, settle = [], []
     for r in runs:
         _, v = r.series(metric)

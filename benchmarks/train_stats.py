@@ -3,7 +3,7 @@
     python benchmarks/train_stats.py runs/cmp/cheetah1m --keys losses/explained_variance losses/value_loss \
         --from 0.75 --json-out benchmarks/results/train_stats_cheetah1m.json
     python benchmarks/train_stats.py runs/cmp/cheetah1m --methods refgrpo-seed --last 50 \
-        --keys refgrpo/bonus_to_reward refgrpo/bonus_clip_frac refgrpo/b_cal_mean   # the bonus next to the reward
+        --keys refgrpo-seed/bonus_to_reward refgrpo-seed/bonus_clip_frac refgrpo-seed/b_cal_mean   # the bonus next to the reward
 
 For every run directory under the folder (any layout that `reflectrl plot` reads), the mean of each
 ``--keys`` metric from ``metrics.jsonl`` over the updates from fraction ``--from`` to ``--to`` of the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reflectrl.eval.rundata import discover_runs, group_runs, load_run
+from reflectrl.experiments.rundata import discover_runs, group_runs, load_run
 
 
 def window_mean(run, key: str, lo: float, hi: float, last: int | None = None) -> float:

@@ -1,4 +1,4 @@
-"""``eval.runner._run_cli`` in this process, for the top-level test modules (``from cli_helpers import ...``)."""
+"""``experiments.runner._run_cli`` in this process, for the top-level test modules (``from cli_helpers import ...``)."""
 
 import contextlib
 import io
@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def in_process_cli(args: list[str], log: Path, capture: bool = False) -> tuple[int, str, float]:
-    """``eval.runner._run_cli`` in this process: the same command through ``reflectrl.cli.main``, its output
+    """``experiments.runner._run_cli`` in this process: the same command through ``reflectrl.cli.main``, its output
     appended to ``log``; ``(exit status, stdout if capture else "", seconds)``."""
     from reflectrl.cli import main
 

@@ -289,7 +289,7 @@ def interrupt(*a, **kw):
 
 @pytest.mark.parametrize("target,argv", [
     ("reflectrl.llm.warmup.warmup", ["llm", "warmup", "--model", "m", "--out", "/tmp/reflectrl-none"]),
-    ("reflectrl.tasks.cli.validate", ["tasks", "validate", "arith"]),
+    ("reflectrl.cli.tasks.validate", ["tasks", "validate", "arith"]),
     ("reflectrl.control.evaluate.evaluate", ["eval", "RUN"]),
     ("reflectrl.llm.evaluate.evaluate", ["llm", "eval", "RUN"]),
 ], ids=["warmup", "tasks-validate", "eval", "llm-eval"])

@@ -12,7 +12,7 @@ reason (an entry that matches no block fails, so the list cannot go stale).
 
 Commands run in this process through ``reflectrl.cli.main``, shrunk by the rules in SHRINK (one per
 command: the budget flags it sets are listed there); ``reflectrl compare`` runs its runs in this process too
-(``eval.runner._run_cli`` replaced by ``reflectrl.cli.main``; tests/eval/test_compare.py covers the processes).
+(``experiments.runner._run_cli`` replaced by ``reflectrl.cli.main``; tests/eval/test_compare.py covers the processes).
 Substitutions: ``[--flag value]`` (optional syntax) is dropped; a path with ``<time>`` is the run directory it
 names; the word ``RUN_DIR`` is the newest run directory; ``reflectrl llm compare`` without ``--model`` gets a
 fresh tiny model instead of the task recipe's warmed-up one. Python blocks get PY_SHRINK. A command, make target or
@@ -307,7 +307,7 @@ def runnable(page: Path) -> list[Block]:
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_example_of_the_page_runs(page, tmp_path, monkeypatch, capsys):
-    from reflectrl.eval import runner
+    from reflectrl.experiments import runner
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runner, "_run_cli", in_process_cli)

@@ -97,3 +97,19 @@ def test_task_options_that_name_files_are_recorded_absolute(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert absolute_option_paths(["corpus=data/kb.jsonl", "ops=+", "k=2", "questions=missing.jsonl"]) == (
         f"corpus={tmp_path / 'data' / 'kb.jsonl'}", "ops=+", "k=2", "questions=missing.jsonl")
+
+
+def test_a_run_written_before_the_seed_methods_had_their_own_names_reads_under_today_s(tmp_path):
+    """refgrpo-seed, gear-seed and exgrpo-seed log under their own names; a run that logged them under the paper
+    methods' names reads the same under today's, and the paper methods' own metrics keep theirs."""
+    import json
+
+    from reflectrl.experiments.rundata import read_records
+    from reflectrl.runlog import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"refgrpo/L_cal_heldout": 0.5, "refgrpo/c": 0.1, "gear/omega_std": 0.2,
+                                "gear/weight_mean": 1.0, "exgrpo/coef": 0.3, "exgrpo/replay_on": 1.0}) + "\n")
+    want = {"refgrpo-seed/L_cal_heldout": 0.5, "refgrpo/c": 0.1, "gear-seed/omega_std": 0.2, "gear/weight_mean": 1.0,
+            "exgrpo-seed/coef": 0.3, "exgrpo/replay_on": 1.0}
+    assert read_metrics(path) == [want] and read_records(path) == [want]

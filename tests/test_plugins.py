@@ -16,8 +16,8 @@ import torch
 
 from reflectrl.control.config import PPOConfig
 from reflectrl.control.ppo import PPO
-from reflectrl.methods.base import MethodRunner, Shaping
-from reflectrl.registry import Algo, register_algo
+from reflectrl.contract.base import MethodRunner, Shaping
+from reflectrl.algos.registry import Algo, register_algo
 
 
 @dataclass

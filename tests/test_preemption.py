@@ -164,7 +164,7 @@ def test_tensorboard_has_no_repeated_steps_at_a_resume_seam(tiny, tmp_path, caps
 def preempted_once(monkeypatch) -> list[list[str]]:
     """Every compare process runs in this process; the first ``train`` is preempted halfway (it trains half
     its budget, keeps that checkpoint and exits 143)."""
-    from reflectrl.eval import runner
+    from reflectrl.experiments import runner
 
     seen: list[list[str]] = []
 

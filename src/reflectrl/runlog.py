@@ -242,9 +242,31 @@ def truncate_metrics(path: Path, max_update: int) -> None:
     tmp.replace(path)
 
 
+_SEED_METRICS = {
+    ("refgrpo", "refgrpo-seed"): "L_cal_pre L_cal_train L_cal_unseen L_cal_heldout b_cal_mean b_cal_std bonus_clip_frac "
+                                 "clip_c beta bonus_to_reward",
+    ("gear", "gear-seed"): "omega_mean omega_std omega_min omega_max omega_clip_frac tau vd_loss winners groups_completed "
+                           "winner_steps pending_groups rank_pairs rank_loss",
+    ("exgrpo", "exgrpo-seed"): "refl_mean refl_std refl_kept_frac coef refl_loss priority_max priority_min priority_entropy "
+                               "buffer_size lm_graded lm_malformed_frac lm_too_long_frac lm_agreement",
+}
+RENAMED_METRICS: dict[str, str] = {f"{old}/{k}": f"{new}/{k}" for (old, new), keys in _SEED_METRICS.items()
+                                   for k in keys.split()}
+"""Metric names of the seed methods before each method logged under its own name (refgrpo-seed's calibration
+fit, gear-seed's omega, exgrpo-seed's reflection memory were logged under ``refgrpo/``, ``gear/``, ``exgrpo/``, which
+the paper methods of those names use too): a run written before reads under today's names."""
+
+
+def current_names(rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` with any metric of :data:`RENAMED_METRICS` under its current name."""
+    if not any(k in RENAMED_METRICS for k in rec):
+        return rec
+    return {RENAMED_METRICS.get(k, k): v for k, v in rec.items()}
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a ``metrics.jsonl`` file."""
-    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+    """All records of a ``metrics.jsonl`` file (metrics under their current names: :data:`RENAMED_METRICS`)."""
+    return [current_names(json.loads(l)) for l in Path(path).read_text().splitlines() if l.strip()]
 
 
 PROCESS_FIELDS = ("rollout/reward_cache_hits",)

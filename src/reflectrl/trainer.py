@@ -98,7 +98,7 @@ class NonFiniteError(ReflectRLError):
 
 
 SECOND_INTERRUPT_EXITS = False
-"""Set by the command line (:func:`reflectrl.cliutil.run_command`): a second SIGINT ends the process at once with one
+"""Set by the command line (:func:`reflectrl.cli.util.run_command`): a second SIGINT ends the process at once with one
 line and status 130, instead of raising KeyboardInterrupt wherever the main thread is (which could leave a lock
 held and hang, or print a traceback from interpreter shutdown)."""
 

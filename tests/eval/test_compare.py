@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from reflectrl.cli import main as cli_main
-from reflectrl.eval import compare, runner
-from reflectrl.eval.compare import parse_method
-from reflectrl.eval.runner import RunSpec, plan
+from reflectrl.experiments import compare, runner
+from reflectrl.experiments.compare import parse_method
+from reflectrl.experiments.runner import RunSpec, plan
 
 from .helpers import fake_run
 

@@ -5,9 +5,9 @@ import re
 import pytest
 
 from reflectrl.cli import main as cli_main
-from reflectrl.eval.plots import plot_metric_over_time
-from reflectrl.eval.report import ReportOptions, build_report
-from reflectrl.eval.rundata import discover_runs, load_run
+from reflectrl.experiments.plots import plot_metric_over_time
+from reflectrl.experiments.report import ReportOptions, build_report
+from reflectrl.experiments.rundata import discover_runs, load_run
 
 from .helpers import fake_run
 

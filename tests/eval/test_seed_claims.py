@@ -19,7 +19,7 @@ def _grid(root: Path, env: str, n_base: int, methods: dict[str, tuple[int, float
     for label, (n, off) in {"ppo": (n_base, 0.0), **methods}.items():
         for s in range(1, n + 1):
             curve = [(100 * k, float(s + off)) for k in range(1, 11)]
-            extra = {100 * k: {"refgrpo/L_cal_heldout": 1.0 - 0.05 * k} for k in range(1, 11)}
+            extra = {100 * k: {"refgrpo-seed/L_cal_heldout": 1.0 - 0.05 * k} for k in range(1, 11)}
             fake_run(root / "runs" / env / label / f"seed_{s}", env, label, s, curve, final=float(s + off),
                      algo="refgrpo-seed" if label == "better" else "ppo", extra=extra)
 

@@ -42,7 +42,8 @@ CONTROL = {
     "dqn": DQN_ARGS,
     "exgrpo-seed-dqn": DQN_ARGS + ["--refl-every", "100", "--refl-min-memory", "4"],
 }
-LLM = {"grpo": [], "drgrpo": [], "dapo": [], "refgrpo": ["--max-new-tokens", "10"], "rlcr": [], "gear": [], "exgrpo": ["--exgrpo-start-rate", "0.1"],
+LLM = {"grpo": [], "drgrpo": [], "dapo": [], "refgrpo": ["--max-new-tokens", "10"], "rlcr": [], "gear": [],
+       "exgrpo": ["--exgrpo-start-rate", "0.1"],
        "refgrpo-balanced": ["--max-new-tokens", "10", "--refgrpo-reward", "balanced", "--refgrpo-credit", "split"],
        "rlcr-rank": ["--rlcr-calibration", "rank", "--rlcr-credit", "split"],
        "llm-refgrpo-seed": [], "llm-gear-seed": [], "llm-exgrpo-seed": ["--refl-min-memory", "4"]}

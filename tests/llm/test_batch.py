@@ -89,21 +89,38 @@ def test_loss_on_hand_worked_batch(tiny_dir, mode, loss, g0, g1):
     assert float(stats["losses/clipfrac"]) == 0.0
 
 
-def test_trimmed_select_and_cat_follow_the_extras_registry():
-    """Per-token extras (loss/*, step/*, registered keys) are cut and padded with the responses; per-row ones are not,
-    even when their width happens to equal the response width."""
-    from reflectrl.llm.batch import is_token_extra, token_extra
+def test_trimmed_select_and_cat_follow_the_field_registry():
+    """Per-token fields are cut and padded with the responses; per-row ones are not, even when their width happens
+    to equal the response width; an unregistered key is refused with the way to register it."""
+    from reflectrl.contract.fields import register_field
+    from reflectrl.methods.exgrpo import OFFPOLICY
 
-    key = token_extra("test/weight")
+    tok = register_field("test_weight", "token", "trainer", "a test's per-token weight")
+    row = register_field("test_score", "row", "method", "a test's per-row score, as wide as the responses")
     b = hand_batch()
     C = b.steps
-    b.extras.update({"loss/offpolicy": torch.ones(2, C), key: torch.ones(2, C), "step/x": torch.ones(2, C),
-                     "row/score": torch.ones(2, C), "row_id": torch.arange(2)})
+    b.extras.update({OFFPOLICY: torch.ones(2, C), tok: torch.ones(2, C), row: torch.ones(2, C),
+                     "row_id": torch.arange(2)})
     one = b.select([1])  # row 1 has one response token: every per-token entry is cut to it
     assert one.steps == 1
-    assert all(one.extras[k].shape == (1, 1) for k in ("loss/offpolicy", key, "step/x"))
-    assert one.extras["row/score"].shape == (1, C) and one.extras["row_id"].tolist() == [1]
+    assert all(one.extras[k].shape == (1, 1) for k in (OFFPOLICY, tok))
+    assert one.extras[row].shape == (1, C) and one.extras["row_id"].tolist() == [1]
     both = TokenBatch.cat([one, b.select([0])], PAD)
-    assert both.extras["loss/offpolicy"].shape == (2, C) and both.extras["loss/offpolicy"][0, 1:].sum() == 0
-    assert both.extras["row/score"].shape == (2, C)
-    assert is_token_extra("loss/anything") and not is_token_extra("row/anything")
+    assert both.extras[OFFPOLICY].shape == (2, C) and both.extras[OFFPOLICY][0, 1:].sum() == 0
+    assert both.extras[row].shape == (2, C)
+    b.extras["unregistered"] = torch.ones(2, C)
+    with pytest.raises(KeyError, match="register_field"):
+        b.select([1])
+
+
+def test_a_field_is_registered_once_with_one_shape_and_reader():
+    from reflectrl.contract.fields import FIELDS, read_by, register_field
+
+    key = register_field("test_once", "token", "loss", "a test's loss input")
+    assert register_field("test_once", "token", "loss", "said again") == key and FIELDS[key].doc == "a test's loss input"
+    with pytest.raises(ValueError, match="already registered as a token field for the loss"):
+        register_field("test_once", "row", "loss", "another shape")
+    with pytest.raises(ValueError, match="per must be token or row"):
+        register_field("test_bad", "column", "loss", "")  # type: ignore[arg-type]
+    extras = {key: torch.ones(1, 2), "row_id": torch.zeros(1)}
+    assert list(read_by(extras, "loss")) == [key] and list(read_by(extras, "trainer")) == ["row_id"]

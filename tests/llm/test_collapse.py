@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from reflectrl.algos import get_algo, resume
+from reflectrl.contract.base import as_nan
 from reflectrl.errors import ConfigError
-from reflectrl.eval.llm_report import collapse_line
-from reflectrl.eval.rundata import RunData
+from reflectrl.experiments.llm_report import collapse_line
+from reflectrl.experiments.rundata import RunData
 from reflectrl.llm.collapse import CollapseAlarm, reports_constant
-from reflectrl.methods.base import as_nan
 from reflectrl.runlog import behaviour, read_metrics
 
 from .scripted import script

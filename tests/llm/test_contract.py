@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from reflectrl.algos import config_for_algo, resume
+from reflectrl.algos.registry import ALGOS, Algo, register_algo
+from reflectrl.contract.base import MethodRunner, Shaping, StepBatch, apply_shaping
 from reflectrl.control.config import PPOConfig
 from reflectrl.control.ppo import PPO
 from reflectrl.llm.grpo import GRPO, step_batch
-from reflectrl.methods.base import MethodRunner, Shaping, StepBatch, apply_shaping
 from reflectrl.methods.exgrpo_seed import ExGRPOSeed, ExGRPOSeedOptions
 from reflectrl.methods.gear_seed import GearSeed, GearSeedOptions
 from reflectrl.methods.refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
-from reflectrl.registry import ALGOS, Algo, register_algo
 from reflectrl.runlog import read_metrics
 
 
@@ -90,7 +90,7 @@ def test_each_seed_method_runs_on_both_front_ends_through_one_adapter(tiny_dir, 
         if sh.weights is not None:
             assert torch.equal(out.weights, sh.weights)
         if runner.has_aux_loss:  # gear-seed's ranking loss, in the batch's own [rows, steps] coordinates
-            from reflectrl.methods.base import AuxInputs
+            from reflectrl.contract.base import AuxInputs
 
             rows, steps = m.bool().nonzero(as_tuple=True)
             logp = torch.randn(rows.numel(), requires_grad=True)

@@ -186,4 +186,4 @@ def test_exgrpo_seed_llm_resume(tiny_dir, tmp_path):
     strip = behaviour
     full = strip(read_metrics(tmp_path / "full" / "metrics.jsonl"))
     assert strip(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == full
-    assert "exgrpo/refl_mean" in full[-1]
+    assert "exgrpo-seed/refl_mean" in full[-1]

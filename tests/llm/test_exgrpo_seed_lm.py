@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from reflectrl.algos import get_algo, resume
+from reflectrl.contract.base import StepBatch
 from reflectrl.errors import ConfigError, ReflectRLError
 from reflectrl.llm.judge import LM_REFLECTION, agreement, grade
-from reflectrl.methods.base import StepBatch
 from reflectrl.methods.exgrpo_seed import ExGRPOSeed, ExGRPOSeedOptions
 from reflectrl.runlog import behaviour, read_metrics
 from reflectrl.tasks.selfreport import QUESTIONS
@@ -71,7 +71,7 @@ def test_an_episode_past_the_graders_position_limit_is_not_graded(tiny_dir, tmp_
     skipped = torch.tensor([n + hook.max_new_tokens > limit for n in lengths])
     assert bool(skipped.any()) and bool((~skipped).any())
     assert bool(grades[skipped].isnan().all())
-    assert hook.metrics()["exgrpo/lm_too_long_frac"] == float(skipped.float().mean())
+    assert hook.metrics()["exgrpo-seed/lm_too_long_frac"] == float(skipped.float().mean())
 
 
 def test_the_term_of_external_grades_on_a_hand_made_batch():
@@ -89,7 +89,7 @@ def test_the_term_of_external_grades_on_a_hand_made_batch():
     expected = torch.zeros(R, T)
     expected[end] = torch.tensor([0.2, -0.2, 0.0, 0.1])
     assert torch.allclose(sh.reward_delta, expected)
-    assert m.metrics()["exgrpo/refl_kept_frac"] == 0.75
+    assert m.metrics()["exgrpo-seed/refl_kept_frac"] == 0.75
     m.fit(sb)
     assert m.rm.fits == 0 and m.rm.memory.size == 4  # nothing to train: the memory keeps returns for the scale
     sb.info = {}
@@ -100,12 +100,12 @@ def test_grading_every_n_updates(tiny_dir, tmp_path):
     t = get_algo("llm", "exgrpo-seed").make(_cfg(tiny_dir, tmp_path, "every", refl_every=2))
     t.learn()
     recs = read_metrics(tmp_path / "every" / "metrics.jsonl")
-    assert [("exgrpo/lm_graded" in r, "exgrpo/refl_mean" in r) for r in recs] == [(False, False), (True, True)] * 2
-    assert recs[1]["exgrpo/lm_graded"] == 16 and 0 <= recs[1]["exgrpo/lm_malformed_frac"] <= 1
+    assert [("exgrpo-seed/lm_graded" in r, "exgrpo-seed/refl_mean" in r) for r in recs] == [(False, False), (True, True)] * 2
+    assert recs[1]["exgrpo-seed/lm_graded"] == 16 and 0 <= recs[1]["exgrpo-seed/lm_malformed_frac"] <= 1
     b = t.last_batch
     want = agreement(b.extras[LM_REFLECTION], b.correct)
-    assert ("exgrpo/lm_agreement" in recs[-1]) == (not math.isnan(want))  # logged only when something was graded
-    assert math.isnan(want) or recs[-1]["exgrpo/lm_agreement"] == want
+    assert ("exgrpo-seed/lm_agreement" in recs[-1]) == (not math.isnan(want))  # logged only when something was graded
+    assert math.isnan(want) or recs[-1]["exgrpo-seed/lm_agreement"] == want
     assert LM_REFLECTION in t.last_batch.extras
 
 
@@ -115,12 +115,12 @@ def test_a_zero_weight_grader_leaves_the_run_equal_to_grpo(tiny_dir, tmp_path):
     get_algo("llm", "grpo").make(_cfg(tiny_dir, tmp_path, "grpo", algo="grpo")).learn()
     get_algo("llm", "exgrpo-seed").make(_cfg(tiny_dir, tmp_path, "lm", refl_coef_start=0.0, refl_coef_end=0.0)).learn()
     # the method's own records, and the trained reward a run with a method logs (equal to the score here)
-    skip = ("exgrpo/", "time/", "method/", "reward/trained")
+    skip = ("exgrpo-seed/", "time/", "method/", "reward/trained")
     keys = lambda recs: [{k: v for k, v in r.items() if not k.startswith(skip)} for r in behaviour(recs)]
     lm_recs = read_metrics(tmp_path / "lm" / "metrics.jsonl")
     assert all(r["reward/trained_mean"] == r["reward/mean"] for r in lm_recs)
     grpo, lm = (read_metrics(tmp_path / n / "metrics.jsonl") for n in ("grpo", "lm"))
-    assert keys(lm) == keys(grpo) and all("exgrpo/lm_graded" in r for r in lm)
+    assert keys(lm) == keys(grpo) and all("exgrpo-seed/lm_graded" in r for r in lm)
 
 
 def test_resume_equals_uninterrupted_with_the_lm_reflector(tiny_dir, tmp_path):
@@ -130,7 +130,7 @@ def test_resume_equals_uninterrupted_with_the_lm_reflector(tiny_dir, tmp_path):
     resume(tmp_path / "cut", 4).learn()
     full = behaviour(read_metrics(tmp_path / "full" / "metrics.jsonl"))
     assert behaviour(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == full
-    assert "exgrpo/lm_graded" in full[-1]
+    assert "exgrpo-seed/lm_graded" in full[-1]
 
 
 def test_another_model_grades_through_its_own_tokenizer(tiny_dir, tmp_path):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from reflectrl.algos import get_algo, resume
+from reflectrl.contract.base import MethodRunner, StepBatch
 from reflectrl.llm.teacher import TeacherPass
 from reflectrl.llm.turns import GroupBaselineView
-from reflectrl.methods.base import MethodRunner, StepBatch
 from reflectrl.methods.gear import GEAR, GEAROptions, departures, segment_sources, teacher_weights
 from reflectrl.methods.gear_seed import GearSeed, GearSeedOptions
 from reflectrl.runlog import behaviour, read_metrics
@@ -90,9 +90,23 @@ def test_the_teacher_sees_the_reference_and_the_student_does_not(tiny_dir, tmp_p
     t.prepare(batch)
     with torch.enable_grad():
         teacher.after_prepare(t, batch)
-    tl = batch.extras["step/teacher_logp"]
+    tl = batch.extras["teacher_logp"]
     assert not tl.requires_grad and tl.shape == batch.completion_mask.shape
     assert (tl[~batch.completion_mask] == 0).all() and (tl[batch.completion_mask] < 0).all()
+
+
+def test_a_method_whose_field_no_hook_provides_is_refused(tiny_dir, tmp_path):
+    """gear reads the teacher pass's log-probs: built without that hook, the run is refused in one line, before
+    it trains."""
+    from reflectrl.contract.base import MethodRunner
+    from reflectrl.errors import ConfigError
+    from reflectrl.llm.grpo import GRPO
+    from reflectrl.methods.gear import GEAR
+
+    cfg = _cfg("gear", tiny_dir, tmp_path, "refused", updates=1)
+    with pytest.raises(ConfigError, match="GEAR reads 'teacher_logp', which no hook of this run provides"):
+        GRPO(cfg, hooks=[], methods=[MethodRunner(GEAR(cfg))])
+    assert not (tmp_path / "refused" / "metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize("kl", [False, True])
@@ -114,12 +128,12 @@ def test_the_shared_prompt_teacher_pass_equals_a_full_forward(tiny_dir, tmp_path
         mask = batch.completion_mask
         assert len({tuple(q) for q in teacher.prompts(t, batch)}) == 3 and batch.rows == 12
         assert bool(batch.feedback_mask.any()) == (task == "toy-guess")  # the multi-turn rows carry feedback
-        torch.testing.assert_close(batch.extras["step/teacher_logp"], full.logp * mask, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(batch.extras["teacher_logp"], full.logp * mask, atol=2e-5, rtol=1e-5)
         if kl:
             with torch.no_grad():
                 s_out = t.policy.forward_batch(batch, temperature=t.cfg.temperature, with_logprobs=True)
             want = (s_out.logprobs.exp() * (s_out.logprobs - full.logprobs)).sum(-1) * batch.response_attention * mask
-            torch.testing.assert_close(batch.extras["step/teacher_kl"], want, atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(batch.extras["teacher_kl"], want, atol=2e-5, rtol=1e-4)
 
 
 def test_gear_seed_winners_and_omega_of_a_hand_worked_group():

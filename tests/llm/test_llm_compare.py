@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reflectrl.errors import ConfigError
-from reflectrl.eval.llm_compare import main
+from reflectrl.experiments.llm_compare import main
 from reflectrl.llm.tiny import init_tiny
 
 
@@ -69,8 +69,8 @@ def test_small_grid_trains_reports_and_skips_on_rerun(tmp_path: Path, capsys):
 def test_a_recipe_s_task_options_reach_every_run():
     """rag's recipe trains on a 1000-cluster knowledge base: its task options are in each run's train flags (and
     the recipe renders them for the warm-up and for evaluations)."""
-    from reflectrl.eval.compare import parse_method
-    from reflectrl.eval.llm_compare import build_grid
+    from reflectrl.experiments.compare import parse_method
+    from reflectrl.experiments.llm_compare import build_grid
     from reflectrl.llm.recipes import recipe
 
     r = recipe("rag")
@@ -125,7 +125,7 @@ def _fake_cli(calls: list[list[str]]):
 def test_warmup_target_reaches_the_warmup_and_a_model_built_to_another_is_refused(tmp_path: Path, monkeypatch):
     """``--warmup-target`` is the warm-up's ``--stop-at-accuracy``; a folder whose model was warmed up to another
     target is not reused (its runs would not start from the models the command asks for)."""
-    from reflectrl.eval import llm_compare
+    from reflectrl.experiments import llm_compare
 
     calls: list[list[str]] = []
     monkeypatch.setattr(llm_compare, "_run_cli", _fake_cli(calls))
@@ -146,8 +146,8 @@ def test_warmup_target_reaches_the_warmup_and_a_model_built_to_another_is_refuse
 def test_task_options_and_step_confidence_reach_warmups_and_runs(tmp_path: Path, monkeypatch):
     """``--task-option`` is added to the recipe's options in the warm-up and every run; ``--step-confidence`` reaches
     the warm-up; a model built otherwise is refused."""
-    from reflectrl.eval import llm_compare
-    from reflectrl.eval.compare import parse_method
+    from reflectrl.experiments import llm_compare
+    from reflectrl.experiments.compare import parse_method
 
     calls: list[list[str]] = []
     monkeypatch.setattr(llm_compare, "_run_cli", _fake_cli(calls))

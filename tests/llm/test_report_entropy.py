@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from reflectrl.algos import build, config_for_algo
+from reflectrl.contract.base import last_turn_tokens
 from reflectrl.errors import ConfigError
 from reflectrl.llm.update import REPORT_ENTROPY
-from reflectrl.methods.base import last_turn_tokens
 
 
 def make(tiny_dir, tmp_path, algo="refgrpo", **kw):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reflectrl.algos import get_algo, resume
-from reflectrl.methods.base import MethodRunner, StepBatch, as_nan
+from reflectrl.contract.base import MethodRunner, StepBatch, as_nan
 from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions
 from reflectrl.methods.rewards import (
     RLCR_FORMAT_PENALTY,
@@ -221,4 +221,4 @@ def test_llm_self_assessment_resume_equals_uninterrupted(tiny_dir, tmp_path, alg
     cfgjson = json.loads((tmp_path / "cut" / "config.json").read_text())
     assert cfgjson["algo"] == algo and cfgjson["updates"] == 4
     if algo == "refgrpo-seed":
-        assert all(math.isfinite(r["refgrpo/L_cal_train"]) for r in full)
+        assert all(math.isfinite(r["refgrpo-seed/L_cal_train"]) for r in full)

@@ -90,7 +90,7 @@ def test_step_brier_by_hand():
 
 def _rlcr_shaped(opts, info: dict) -> tuple[torch.Tensor, dict]:
     """rlcr's reward change at the last step of three 4-step rows with episode ``info``, and its metrics."""
-    from reflectrl.methods.base import MethodRunner, StepBatch
+    from reflectrl.contract.base import MethodRunner, StepBatch
     from reflectrl.methods.rlcr import RLCR
 
     R, T = 3, 4

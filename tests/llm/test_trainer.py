@@ -161,7 +161,7 @@ class DoubleReward:
         self.seen = sb
 
     def shape(self, sb):
-        from reflectrl.methods.base import Shaping
+        from reflectrl.contract.base import Shaping
 
         return Shaping(reward_delta=sb.rewards, weights=torch.full_like(sb.rewards, 0.5))
 
@@ -170,7 +170,7 @@ class DoubleReward:
 
 
 def test_method_shapes_rewards_and_weights(tiny_dir, tmp_path):
-    from reflectrl.methods.base import MethodRunner
+    from reflectrl.contract.base import MethodRunner
 
     m = DoubleReward()
     t = GRPO(cfg(tiny_dir, tmp_path, prompts_per_update=2, group_size=3, updates=1), methods=[MethodRunner(m)])

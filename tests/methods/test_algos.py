@@ -33,21 +33,21 @@ ALGO_ARGS = {
     "exgrpo-seed-dqn": DQN_ARGS + ["--refl-every", "100", "--refl-min-memory", "4"],
 }
 KEYS = {
-    "refgrpo-seed": ["refgrpo/L_cal_train", "refgrpo/L_cal_heldout", "refgrpo/b_cal_mean", "refgrpo/b_cal_std",
-                     "refgrpo/bonus_to_reward", "losses/entropy", "losses/approx_kl"],
-    "gear-seed": ["gear/omega_mean", "gear/omega_std", "gear/omega_min", "gear/omega_max", "gear/omega_clip_frac",
-                  "gear/winners"],
-    "exgrpo-seed": ["exgrpo/buffer_size", "exgrpo/priority_max", "exgrpo/refl_mean", "exgrpo/refl_std"],
+    "refgrpo-seed": ["refgrpo-seed/L_cal_train", "refgrpo-seed/L_cal_heldout", "refgrpo-seed/b_cal_mean",
+                     "refgrpo-seed/b_cal_std", "refgrpo-seed/bonus_to_reward", "losses/entropy", "losses/approx_kl"],
+    "gear-seed": ["gear-seed/omega_mean", "gear-seed/omega_std", "gear-seed/omega_min", "gear-seed/omega_max",
+                  "gear-seed/omega_clip_frac", "gear-seed/winners"],
+    "exgrpo-seed": ["exgrpo-seed/buffer_size", "exgrpo-seed/priority_max", "exgrpo-seed/refl_mean", "exgrpo-seed/refl_std"],
     "dqn": ["charts/SPS", "losses/td_loss", "losses/q_values", "charts/episodic_return"],
-    "exgrpo-seed-dqn": ["losses/td_loss", "exgrpo/buffer_size", "exgrpo/refl_loss", "exgrpo/refl_mean"],
+    "exgrpo-seed-dqn": ["losses/td_loss", "exgrpo-seed/buffer_size", "exgrpo-seed/refl_loss", "exgrpo-seed/refl_mean"],
 }
 
 
 ACTIVE = {  # a metric that shows the method's learned part is in use (before the resume point too)
-    "refgrpo-seed": lambda r: "refgrpo/L_cal_heldout" in r,
-    "gear-seed": lambda r: r.get("gear/omega_std", 0.0) > 0,
-    "exgrpo-seed": lambda r: "exgrpo/refl_mean" in r,
-    "exgrpo-seed-dqn": lambda r: "exgrpo/refl_mean" in r,
+    "refgrpo-seed": lambda r: "refgrpo-seed/L_cal_heldout" in r,
+    "gear-seed": lambda r: r.get("gear-seed/omega_std", 0.0) > 0,
+    "exgrpo-seed": lambda r: "exgrpo-seed/refl_mean" in r,
+    "exgrpo-seed-dqn": lambda r: "exgrpo-seed/refl_mean" in r,
     "dqn": lambda r: "losses/td_loss" in r,
 }
 
@@ -267,7 +267,7 @@ def test_refgrpo_predictor_inputs_and_continuous_actions(tmp_path, env_id, kind)
                        run_dir=str(tmp_path / "r"), progress=False, tensorboard=False)
     a.make(cfg).learn()
     recs = read_metrics(tmp_path / "r" / "metrics.jsonl")
-    assert len(recs) == 2 and all(np.isfinite(r["refgrpo/L_cal_train"]) for r in recs)
+    assert len(recs) == 2 and all(np.isfinite(r["refgrpo-seed/L_cal_train"]) for r in recs)
 
 
 def test_docs_methods_lists_every_option():
@@ -292,7 +292,7 @@ def test_docs_methods_lists_every_option():
 def test_bcal_map_of_a_lander_run(tmp_path):
     """reflectrl plot --bcal-map: one refgrpo-seed run's bonus at every step of a fresh batch, at the
     lander's raw (x, y); b_cal <= 0 everywhere; a run of another algo gets one clear error."""
-    from reflectrl.eval.bcal_map import bcal_samples
+    from reflectrl.experiments.bcal_map import bcal_samples
 
     run = tmp_path / "ref"
     assert cli_main(["train", "--algo", "refgrpo-seed", "--env-id", "LunarLander-v3", *PPO_ARGS, "--run-dir", str(run),
@@ -318,7 +318,7 @@ def test_gear_ranking_option_runs_and_logs(tmp_path):
     assert cli_main(["train", "--algo", "gear-seed", "--env-id", "CartPole-v1", *PPO_ARGS, "--run-dir", str(run),
                      "--no-progress", "--gear-rank-coef", "0.1"]) == 0
     recs = read_metrics(run / "metrics.jsonl")
-    assert any(r.get("gear/rank_pairs", 0) > 0 for r in recs)
-    assert any(np.isfinite(r.get("gear/rank_loss", np.nan)) for r in recs)
+    assert any(r.get("gear-seed/rank_pairs", 0) > 0 for r in recs)
+    assert any(np.isfinite(r.get("gear-seed/rank_loss", np.nan)) for r in recs)
     assert cli_main(["train", "--algo", "gear-seed", "--env-id", "CartPole-v1", *PPO_ARGS, "--run-dir",
                      str(tmp_path / "bad"), "--no-progress", "--gear-rank-scale", "0"]) == 2

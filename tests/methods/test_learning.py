@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reflectrl.methods.base import StepBatch
+from reflectrl.contract.base import StepBatch
 from reflectrl.methods.exgrpo_seed import ExGRPOSeedOptions, ReflectionMemory
 from reflectrl.methods.gear_seed import GearSeed, GearSeedOptions
 from reflectrl.methods.refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
@@ -25,10 +25,10 @@ def test_reflection_predictor_calibrates_on_a_synthetic_advantage():
         z = torch.zeros_like(adv)
         m.fit(StepBatch(states=x, features=x, rewards=z, values=z, advantages=adv, returns=adv, episode_end=z.bool(),
                         terminated=z.bool(), next_values=z))
-        losses.append(m.metrics()["refgrpo/L_cal_pre"])
+        losses.append(m.metrics()["refgrpo-seed/L_cal_pre"])
     assert losses[0] > 0.8  # an untrained predictor is no better than predicting 0 for unit-variance targets
     assert sum(losses[-5:]) / 5 < 0.3 * losses[0]
-    assert m.metrics()["refgrpo/L_cal_heldout"] < 0.3 * losses[0]
+    assert m.metrics()["refgrpo-seed/L_cal_heldout"] < 0.3 * losses[0]
 
 
 def test_distilled_value_head_fits_the_winners_returns():
@@ -44,7 +44,7 @@ def test_distilled_value_head_fits_the_winners_returns():
     losses = []
     for _ in range(30):
         m.fit(batch)
-        losses.append(m.metrics()["gear/vd_loss"])
+        losses.append(m.metrics()["gear-seed/vd_loss"])
     assert losses[-1] < 0.1 * losses[0]
 
 
@@ -53,7 +53,7 @@ def test_reflection_network_learns_return_ranks():
     rm = ReflectionMemory(3, ExGRPOSeedOptions(refl_epochs=5, refl_lr=3e-3), seed=0)
     pooled = torch.randn(200, 3, generator=g)
     rm.memory.add(pooled=pooled, returns=pooled[:, 0] * 10.0 + 0.1 * torch.randn(200, generator=g))
-    losses = [rm.train()["exgrpo/refl_loss"] for _ in range(40)]
+    losses = [rm.train()["exgrpo-seed/refl_loss"] for _ in range(40)]
     assert rm.ready and losses[-1] < 0.4 * losses[0]
     out = rm.reflector.reflect(pooled)
     assert float(out.abs().max()) <= 1.0
@@ -62,7 +62,7 @@ def test_reflection_network_learns_return_ranks():
 
 def test_hand_gradients_equal_autograd():
     """The by-hand MSE step writes the gradients autograd computes, for deep and linear heads."""
-    from reflectrl.methods.nets import ScalarMLP, _HandMSE, hand_gradients_apply
+    from reflectrl.contract.nets import ScalarMLP, _HandMSE, hand_gradients_apply
 
     g = torch.Generator().manual_seed(0)
     for hidden in ((64, 64), (32,), ()):

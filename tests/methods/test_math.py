@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from reflectrl.contract.base import AuxInputs, EpisodeAssembler, MethodRunner, StepBatch
+from reflectrl.contract.nets import ScalarMLP, control_features
 from reflectrl.control.envs import EpisodeTracker
 from reflectrl.core import discounted_cumsum, gae, returns_to_go
-from reflectrl.methods.base import AuxInputs, EpisodeAssembler, MethodRunner, StepBatch
 from reflectrl.methods.exgrpo_seed import (
     CoefSchedule,
     ExGRPOSeed,
@@ -21,7 +22,6 @@ from reflectrl.methods.exgrpo_seed import (
     rank_targets,
 )
 from reflectrl.methods.gear_seed import GearSeed, GearSeedOptions, omega_weights, select_winners, winners_per_group
-from reflectrl.methods.nets import ScalarMLP, control_features
 from reflectrl.methods.refgrpo_seed import (
     RefGRPOSeed,
     RefGRPOSeedOptions,
@@ -212,8 +212,8 @@ def test_refgrpo_advantage_credit_and_adaptive_beta():
     b = _batch(advantages=torch.tensor([[1.0, -1.0, 2.0, 0.0], [0.0, 1.0, -2.0, 3.0]]), rewards=torch.ones(2, 4))
     m.fit(b)
     sh = m.shape(b)
-    pre = m.metrics()["refgrpo/L_cal_pre"]
-    assert m.metrics()["refgrpo/beta"] == pytest.approx(min(max(pre, 0.1), 2.0))
+    pre = m.metrics()["refgrpo-seed/L_cal_pre"]
+    assert m.metrics()["refgrpo-seed/beta"] == pytest.approx(min(max(pre, 0.1), 2.0))
     assert sh.reward_delta is None and sh.advantage_delta.shape == (2, 4) and float(sh.advantage_delta.max()) <= 0
 
 
@@ -242,13 +242,13 @@ def test_gear_only_complete_groups_pick_winners():
                 rewards=torch.tensor([[1.0, 1.0], [2.0, 2.0], [0.0, 0.0], [0.0, 0.0]]))
     assert m.shape(b1).weights is None  # V_d never fitted: omega = 1
     m.fit(b1)
-    assert m.metrics()["gear/winners"] == 0 and m.store.size == 0 and len(m.pending) == 1
+    assert m.metrics()["gear-seed/winners"] == 0 and m.store.size == 0 and len(m.pending) == 1
     end2 = torch.tensor([[False, False], [True, False], [False, False], [False, False]])
     b2 = _batch(rows=4, steps=2, episode_end=end2, terminated=end2.clone(),
                 rewards=torch.tensor([[0.0, 0.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]]))
     m.fit(b2)
     # row 1's episode (returns 2 + 2 + 2 = 6) beats row 0's (1 + 1 = 2); its targets: reward-to-go with gamma .5
-    assert m.metrics()["gear/winners"] == 1 and m.metrics()["gear/groups_completed"] == 1
+    assert m.metrics()["gear-seed/winners"] == 1 and m.metrics()["gear-seed/groups_completed"] == 1
     close(m.store.y[:3], [2 + 1 + 0.5, 2 + 1, 2.0])
     torch.testing.assert_close(m.store.x[:2], b1.states[1])
     torch.testing.assert_close(m.store.x[2], b2.states[1, 0])
@@ -274,7 +274,7 @@ def test_gear_ranking_loss_hand_case():
     expected = torch.zeros(5, 5, dtype=torch.bool)
     expected[2, 0] = True  # (row 1, ep 0): mean 1 > (row 0, ep 0): mean 0
     expected[4, 3] = True  # row 3: mean 1 > row 2: mean 0
-    assert torch.equal(pairs, expected) and m.metrics()["gear/rank_pairs"] == 2
+    assert torch.equal(pairs, expected) and m.metrics()["gear-seed/rank_pairs"] == 2
     # log-ratios on a minibatch of steps: segment means l_0 = 0.2, l_2 = -0.1 (l_3, l_4 absent)
     idx = torch.tensor([0, 1, 3, 4])
     lr = torch.tensor([0.1, 0.3, -0.2, 0.0], requires_grad=True)
@@ -287,13 +287,13 @@ def test_gear_ranking_loss_hand_case():
     steps = torch.arange(12)
     out = m.aux_loss(AuxInputs(steps // 3, steps % 3, torch.zeros(12), torch.zeros(12), (4, 3)))
     close(out, 0.5 * math.log(2.0))
-    assert m.metrics()["gear/rank_loss"] == pytest.approx(math.log(2.0))
+    assert m.metrics()["gear-seed/rank_loss"] == pytest.approx(math.log(2.0))
     assert not MethodRunner(GearSeed(3, 4, 2, 0.9, GearSeedOptions(), 0)).has_aux_loss  # off by default
 
 
 def test_gear_terminal_target_and_truncation_bootstrap():
     m = GearSeed(2, 2, 2, 0.5, GearSeedOptions(gear_distill_target="terminal"), seed=0)
-    from reflectrl.methods.base import Episode
+    from reflectrl.contract.base import Episode
 
     ep = Episode(0, 0, {"states": torch.zeros(3, 2), "rewards": torch.tensor([1.0, 0.0, 3.0]), "boot": torch.zeros(3)})
     close(m.value_targets(ep), [4 * 0.25, 4 * 0.5, 4.0])

@@ -6,9 +6,9 @@ through the method contract (episode and split credit) and the option checks."""
 import pytest
 import torch
 
+from reflectrl.contract.base import MethodRunner, StepBatch, as_nan
 from reflectrl.core.advantages import group_advantages
 from reflectrl.errors import ConfigError
-from reflectrl.methods.base import MethodRunner, StepBatch, as_nan
 from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions
 from reflectrl.methods.rewards import balanced_reflection_bonus, group_rank_reward, reflection_bonus
 from reflectrl.methods.rlcr import RLCR, RLCROptions

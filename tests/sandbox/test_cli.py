@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from reflectrl.cli.sandbox import main as cli_main
 from reflectrl.sandbox import BACKENDS, batch_supported
-from reflectrl.sandbox.cli import main as cli_main
 from reflectrl.sandbox.cost import verdict_cost
 
 from .helpers import SOLUTION, TESTS, WRONG

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from reflectrl.cli.tasks import main, validate
 from reflectrl.errors import ConfigError
 from reflectrl.tasks.base import get_task
-from reflectrl.tasks.cli import main, validate
 from reflectrl.tasks.rag import INVALID, NO_RESULTS, RAGTask, char_similarity, exact_match, normalize_answer, parse_turn, token_f1
 from reflectrl.tasks.rag_kb import generate_kb
 

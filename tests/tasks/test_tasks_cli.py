@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from reflectrl import cli as top
+from reflectrl.cli.tasks import main
 from reflectrl.tasks.arith import ArithTask
-from reflectrl.tasks.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::reflectrl.sandbox.SandboxWarning"), pytest.mark.timeout(120)]
 
@@ -106,7 +106,7 @@ def test_validate_humaneval_all_164(capsys):
 
 
 def test_show_opens_with_the_options_and_token_budgets(capsys):
-    from reflectrl.tasks.cli import main as tasks_main
+    from reflectrl.cli.tasks import main as tasks_main
 
     assert tasks_main(["show", "arith", "-n", "1"]) == 0
     out = capsys.readouterr().out.splitlines()

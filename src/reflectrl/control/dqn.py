@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..checkpoint import pack_state_dict, unpack_state_dict
+from ..contract.hooks import Hook
 from ..core import RingBuffer
 from ..errors import ConfigError
 from ..trainer import Clock, RunOptions, check_all, default_run_dir, load_config
@@ -147,8 +149,9 @@ class QPolicy:
         return (torch.where(explore, rand, greedy),)
 
 
-class DQNHook:
-    """What a method may add to DQN (exgrpo-seed-dqn): override any of these."""
+class DQNHook(Hook["DQN"]):
+    """DQN's events of the one hook protocol (:class:`reflectrl.contract.hooks.Hook`: ``setup``, ``metrics``,
+    the checkpointed state); what a method may add to DQN (exgrpo-seed-dqn): override any of these."""
 
     def after_step(self, trainer: DQN, slots: Tensor, obs: Tensor, rewards: Tensor, done: Tensor) -> None:
         """After each stored vector step (``obs``: the states the actions were taken in)."""
@@ -157,9 +160,6 @@ class DQNHook:
         """A term added to the TD targets of the sampled replay slots ``idx`` (None: nothing)."""
         return None
 
-    def metrics(self) -> dict[str, float]:
-        return {}
-
 
 class DQN(EnvTrainer):
     """The DQN trainer. ``DQN(DQNConfig(env_id="CartPole-v1")).learn()``; ``hooks`` are
@@ -167,12 +167,12 @@ class DQN(EnvTrainer):
 
     algo_name = "dqn"
 
-    def __init__(self, config: DQNConfig, hooks: list[DQNHook] | None = None):
+    def __init__(self, config: DQNConfig, hooks: Sequence[DQNHook] | None = None):
         from gymnasium import spaces
 
         config.validate()
         self.cfg = cfg = config
-        self.hooks = list(hooks or [])
+        self.hooks: list[DQNHook] = list(hooks or [])
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
@@ -188,6 +188,8 @@ class DQN(EnvTrainer):
         self.q = q_network(self.obs_dim, self.num_actions, tuple(cfg.hidden_sizes))
         self.q_target = q_network(self.obs_dim, self.num_actions, tuple(cfg.hidden_sizes))
         self.q_target.load_state_dict(self.q.state_dict())
+        for h in self.hooks:
+            h.setup(self)
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
         self.buffer = replay_buffer(cfg.buffer_size, self.obs_dim)
         self.tracker = EpisodeTracker(cfg.seed, cfg.num_envs)

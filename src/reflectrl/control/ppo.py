@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..contract.base import AuxInputs, MethodRunner, StepBatch, apply_shaping
 from ..core import discounted_cumsum, explained_variance, gae, next_values_from, ppo_policy_loss, value_loss
-from ..methods.base import AuxInputs, MethodRunner, StepBatch, apply_shaping
 from ..trainer import CHECKPOINT, Clock, default_run_dir
 from .base import EnvTrainer
 from .config import PPOConfig
@@ -203,7 +203,7 @@ class PPO(EnvTrainer):
                                       self.cfg.gamma, self.cfg.gae_lambda)
 
     def apply_methods(self, b: Rollout) -> None:
-        """Run each method on this batch (the shared :class:`~reflectrl.methods.base.MethodRunner`) and
+        """Run each method on this batch (the shared :class:`~reflectrl.contract.base.MethodRunner`) and
         apply its shaping; a reward change moves the GAE advantages by ``discounted_cumsum(delta, gamma *
         lambda)``, exactly GAE on the shaped rewards."""
         cfg = self.cfg

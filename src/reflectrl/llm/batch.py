@@ -23,32 +23,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..contract.fields import is_per_token, register_field
 from ..tasks.base import Problem
 
 # per-token optional fields (all [R, C]) that follow the rows through select / cat / with_prompts
 TOKEN_FIELDS = ("old_logp", "ref_logp", "advantages", "returns", "weights", "values", "entropy")
-TOKEN_EXTRA_PREFIXES = ("loss/", "step/")
-"""``extras`` keys under these prefixes are per-token ``[R, C, ...]``: ``loss/NAME`` a keyword input of the policy
-loss, ``step/NAME`` a method's per-step input (``StepBatch.per_step``). Every other key is per-row (``row/NAME``, a
-method's per-row input; ``row_id``), a tensor ``[R]`` or a list, unless registered with :func:`token_extra`."""
-_TOKEN_EXTRAS: set[str] = set()
-
-
-def token_extra(key: str) -> str:
-    """Register ``key`` as a per-token ``extras`` entry (outside :data:`TOKEN_EXTRA_PREFIXES`), so that
-    :meth:`TokenBatch.trimmed` cuts it and :meth:`TokenBatch.cat` pads it with the responses; returns ``key``."""
-    _TOKEN_EXTRAS.add(key)
-    return key
-
-
-def is_token_extra(key: str) -> bool:
-    """Whether ``extras[key]`` is per-token ``[R, C, ...]`` (see :data:`TOKEN_EXTRA_PREFIXES`)."""
-    return key.startswith(TOKEN_EXTRA_PREFIXES) or key in _TOKEN_EXTRAS
-
-
-ENGINE_LOGP = "step/engine_logp"
-"""``extras`` key of the generation engine's log-prob of each policy token ``[R, C]`` (0 elsewhere), when every
-policy segment of the batch came with them (an engine with ``generate_with_logprobs``)."""
+ENGINE_LOGP = register_field("engine_logp", "token", "method",
+                             "the generation engine's log-prob of each policy token (0 elsewhere), when every policy "
+                             "segment of the batch came with them (an engine with generate_with_logprobs)")
+REPLAYED = register_field("replayed", "row", "trainer",
+                          "1 on the rows a hook mixed in from storage (exgrpo's replay): the rollout's reward and "
+                          "self-report metrics leave them out")
 
 
 @dataclass
@@ -79,7 +64,8 @@ class TokenBatch:
     values: Tensor | None = None
     entropy: Tensor | None = None
     hidden: Tensor | None = None  # [R, C, H] features from the pre-update pass, when a hook asked for them
-    extras: dict[str, Any] = field(default_factory=dict)  # per-row lists/tensors a method keeps with the batch
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Registered fields (:mod:`reflectrl.contract.fields`) a hook, an engine or the trainer attached, by key."""
 
     # ------------------------------------------------------------------ derived views
     @property
@@ -153,7 +139,7 @@ class TokenBatch:
                 kw[name] = v[:, :c_keep]
         if self.hidden is not None:
             kw["hidden"] = self.hidden[:, :c_keep]
-        kw["extras"] = {k: v[:, :c_keep] if torch.is_tensor(v) and is_token_extra(k) else v
+        kw["extras"] = {k: v[:, :c_keep] if torch.is_tensor(v) and is_per_token(k) else v
                         for k, v in self.extras.items()}
         return replace(self, **kw)
 
@@ -187,7 +173,7 @@ class TokenBatch:
                 kw[f.name] = [x for v in vals for x in v] if all(len(v) == b.rows for v, b in zip(vals, batches)) else []
             elif f.name == "extras":
                 keys = set.intersection(*(set(v) for v in vals))
-                kw[f.name] = {k: _cat_any([v[k] for v in vals], C if is_token_extra(k) else None) for k in keys}
+                kw[f.name] = {k: _cat_any([v[k] for v in vals], C if is_per_token(k) else None) for k in keys}
             elif f.name == "hidden" or any(v is None for v in vals):
                 kw[f.name] = None
             elif vals[0].dim() == 2:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..methods.base import as_nan
+from ..contract.base import as_nan
+from ..contract.fields import read_by
 from ..tasks.selfreport import turn_confidences
 from .batch import TokenBatch
 
@@ -20,21 +21,19 @@ def tool_calls(batch: TokenBatch, kinds: tuple[str, ...]) -> float:
 
 
 def per_step_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:
-    """The per-token tensors a method may read (see :attr:`reflectrl.methods.base.StepBatch.per_step`)."""
+    """The per-token tensors a method may read (see :attr:`reflectrl.contract.base.StepBatch.per_step`)."""
     out = {}
     if batch.old_logp is not None:
         out["logp"] = batch.old_logp
     if batch.entropy is not None:
         out["entropy"] = batch.entropy
-    for k, v in batch.extras.items():
-        if k.startswith("step/") and torch.is_tensor(v):
-            out[k[5:]] = v
+    out.update(read_by(batch.extras, "method", "token"))
     return out
 
 
 def row_extras(batch: TokenBatch) -> dict[str, torch.Tensor]:
-    """The per-row ``[R]`` tensors a hook put into ``batch.extras["row/NAME"]`` (a grader's scores), by NAME."""
-    return {k[4:]: v for k, v in batch.extras.items() if k.startswith("row/") and torch.is_tensor(v)}
+    """The per-row ``[R]`` tensors of the fields a hook registered for methods (a grader's scores), by key."""
+    return read_by(batch.extras, "method", "row")
 
 
 def episode_info(batch: TokenBatch) -> dict[str, torch.Tensor]:

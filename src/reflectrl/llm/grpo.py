@@ -17,19 +17,20 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..contract.base import MethodRunner, StepBatch, apply_shaping, last_turn_tokens
+from ..contract.hooks import Hook, check_provided
 from ..core import adv_est_requires, get_adv_est
 from ..errors import ConfigError
-from ..methods.base import MethodRunner, StepBatch, apply_shaping, last_turn_tokens
 from ..tasks.base import Problem, absolute_option_paths, get_task
 from ..tasks.selfreport import SelfReportTask, with_self_report
 from ..trainer import Clock, Trainer, default_run_dir
-from .batch import ENGINE_LOGP, TokenBatch
+from .batch import ENGINE_LOGP, REPLAYED, TokenBatch
 from .collapse import CollapseAlarm
 from .config import SAMPLES, GRPOConfig
 from .distributed import from_env, rank_seed, shard
@@ -46,18 +47,12 @@ from .episodes import (
 from .models import uses_chat
 from .policy import absolute_model, load_policy
 from .rollout import Rollout, RolloutStats
-from .update import REPORT_ENTROPY, VALUE_HEAD, PolicyUpdate
+from .update import REPORT_ENTROPY, ROW_ID, VALUE_HEAD, PolicyUpdate
 
 
-class GRPOHook:
-    """What an LLM method may add to the trainer beyond the shared method contract; override any of these.
-    ``needs`` names the per-token inputs it wants from the no-grad pass (``old_logp``, ``ref_logp``,
-    ``hidden``, ``entropy``; ``hidden_grad``: hidden states in the training forward)."""
-
-    needs: tuple[str, ...] = ()
-
-    def setup(self, trainer: GRPO) -> None:
-        """Attach heads or buffers (before the optimizer is built)."""
+class GRPOHook(Hook["GRPO"]):
+    """The GRPO trainer's events of the one hook protocol (:class:`reflectrl.contract.hooks.Hook`: ``setup``,
+    ``metrics``, ``needs``, ``provides``, the checkpointed state); override any of these."""
 
     def select_problems(self, trainer: GRPO, n: int) -> list[Problem] | None:
         """The problems of the next rollout (None: the trainer's own order)."""
@@ -73,13 +68,10 @@ class GRPOHook:
 
     def after_prepare(self, trainer: GRPO, batch: TokenBatch) -> None:
         """After the no-grad pass, before the advantages (a teacher pass: put per-token tensors into
-        ``batch.extras["step/NAME"]`` and methods read them as ``StepBatch.per_step["NAME"]``)."""
+        ``batch.extras[NAME]``, a field registered for methods, which read it as ``StepBatch.per_step[NAME]``)."""
 
     def after_update(self, trainer: GRPO, batch: TokenBatch) -> None:
         """After the policy step (store trajectories, train a learned part)."""
-
-    def metrics(self) -> dict[str, float]:
-        return {}
 
     changes_batch = False
     """True when ``after_rollout`` may change the batch (the no-grad pass then waits for it)."""
@@ -95,7 +87,7 @@ class GRPO(PolicyUpdate, Trainer):
     resume_cmd = "reflectrl llm train --resume"
     extra_logs = (SAMPLES,)
 
-    def __init__(self, config: GRPOConfig, hooks: list[GRPOHook] | None = None,  # noqa: C901 (to split)
+    def __init__(self, config: GRPOConfig, hooks: Sequence[GRPOHook] | None = None,  # noqa: C901 (to split)
                  methods: list[MethodRunner] | Callable[[GRPO], list[MethodRunner]] | None = None):
         """``methods``: the runners, or a function of the trainer that builds them once the policy is loaded
         (their heads read its hidden size)."""
@@ -113,7 +105,7 @@ class GRPO(PolicyUpdate, Trainer):
         check_engine(cfg.engine)
         self.dist, device = from_env(cfg.device)  # torchrun: this process's rank and device (one process: as given)
         turns, budget = cfg.max_turns, cfg.max_response_tokens
-        self.hooks: list[Any] = list(hooks or [])
+        self.hooks: list[GRPOHook] = list(hooks or [])
         self.methods: list[MethodRunner] = [] if callable(methods) else list(methods or [])
         self.needs: set[str] = set().union(*(set(h.needs) for h in self.hooks))
         if cfg.max_gen_batches != 1 and any(h.changes_batch for h in self.hooks):
@@ -143,6 +135,7 @@ class GRPO(PolicyUpdate, Trainer):
             self.methods = list(methods(self))
         for h in self.hooks:
             h.setup(self)
+        check_provided(self.hooks, [(r.name, k) for r in self.methods for k in r.reads])
         if self.dist.active:
             self._check_distributed()
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=cfg.learning_rate,
@@ -332,9 +325,8 @@ class GRPO(PolicyUpdate, Trainer):
     def record(self, batch: TokenBatch, gap: dict[str, float]) -> dict[str, Any]:
         """The update's record so far: counters, the fresh rows' reward and self-report metrics (replayed rows
         left out), the engine correction's and the collapse alarm's."""
-        off = batch.extras.get("loss/offpolicy")
-        fresh = batch if off is None or not bool(off.any()) else batch.select((off.sum(1) == 0).nonzero().squeeze(1),
-                                                                           trim=False)
+        off = batch.extras.get(REPLAYED)
+        fresh = batch if off is None or not bool(off.any()) else batch.select((off == 0).nonzero().squeeze(1), trim=False)
         kinds, info = tuple(getattr(self.task, "tool_kinds", ())), episode_info(fresh)
         return {"update": self.update_idx, "global_step": self.global_step,
                 **reward_metrics(fresh, bool(self.methods), kinds, info), **gap,
@@ -342,7 +334,7 @@ class GRPO(PolicyUpdate, Trainer):
 
     def mark_report_turn(self, batch: TokenBatch) -> None:
         """Row ids, and with ``--report-entropy-coef`` the self-report turn's entropy weights, for the update."""
-        batch.extras["row_id"] = torch.arange(batch.rows)
+        batch.extras[ROW_ID] = torch.arange(batch.rows)
         if self.cfg.report_entropy_coef > 0:
             asked = episode_info(batch).get("report_asked", torch.zeros(batch.rows))
             report = last_turn_tokens(batch.turn_ids, batch.completion_mask, asked)

@@ -8,7 +8,7 @@ environment's replies) followed by the self-report question of :mod:`reflectrl.t
 (``--reflector-report reflect``: "solved or unsolved?", graded +1 / -1; ``confidence``: a probability q,
 graded 2q - 1). It answers greedily (no random stream is drawn), in batches of ``gen_batch`` rows, every
 ``--refl-every`` updates; a missing or malformed answer grades NaN (no term) and is counted, and so is an episode
-whose prompt and answer budget would pass the grader's position limit (it is not graded). ``exgrpo/lm_agreement`` is
+whose prompt and answer budget would pass the grader's position limit (it is not graded). ``exgrpo-seed/lm_agreement`` is
 the share of the validly graded episodes whose grade agrees with their outcome (a grade above 0 on a right
 episode, at or below 0 on a wrong one). The grades go to
 ``batch.extras["row/lm_reflection"]``, which the method reads as ``StepBatch.info["lm_reflection"]``.
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..contract.fields import register_field
 from ..tasks.selfreport import QUESTIONS, parse_report
 from ..tasks.selfreport import question as ask_question
 from .batch import TokenBatch
@@ -32,7 +33,7 @@ from .rollout import decode_batch
 
 INFO_KEY = "lm_reflection"
 """The grades' name in ``StepBatch.info``."""
-LM_REFLECTION = "row/" + INFO_KEY
+LM_REFLECTION = register_field(INFO_KEY, "row", "method", "a language-model reflector's grade of each episode")
 
 
 def grade(kind: str, text: Any) -> float:
@@ -55,6 +56,8 @@ def agreement(grades: torch.Tensor, correct: torch.Tensor) -> float:
 
 class LMReflectorPass(GRPOHook):
     """Grades every episode of a batch with a causal LM every ``every`` updates (see the module docstring)."""
+
+    provides = (LM_REFLECTION,)
 
     def __init__(self, kind: str = "reflect", model: str = "", max_new_tokens: int = 16, every: int = 1):
         self.kind, self.model_path, self.max_new_tokens, self.every = kind, model, int(max_new_tokens), int(every)
@@ -117,6 +120,7 @@ class LMReflectorPass(GRPOHook):
     def metrics(self) -> dict[str, float]:
         if not self.graded:
             return {}
-        return {"time/reflector_lm": self.seconds, "exgrpo/lm_graded": float(self.graded),
-                "exgrpo/lm_malformed_frac": self.malformed / self.graded, "exgrpo/lm_too_long_frac": self.too_long / self.graded,
-                **({} if math.isnan(self.agreement) else {"exgrpo/lm_agreement": self.agreement})}
+        return {"time/reflector_lm": self.seconds, "exgrpo-seed/lm_graded": float(self.graded),
+                "exgrpo-seed/lm_malformed_frac": self.malformed / self.graded,
+                "exgrpo-seed/lm_too_long_frac": self.too_long / self.graded,
+                **({} if math.isnan(self.agreement) else {"exgrpo-seed/lm_agreement": self.agreement})}

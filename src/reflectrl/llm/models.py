@@ -338,7 +338,7 @@ def has_chat_template(src: str | Path) -> bool:
 
 def implied_llm_defaults(given: dict[str, Any]) -> dict[str, Any]:
     """The defaults an LLM run's config starts from, given its settings: :func:`model_defaults` of its ``model``
-    (and ``lora_r``); none without a model (registered with :func:`reflectrl.registry.register_implied_defaults`)."""
+    (and ``lora_r``); none without a model (registered with :func:`reflectrl.algos.registry.register_implied_defaults`)."""
     model = given.get("model")
     if not model:
         return {}

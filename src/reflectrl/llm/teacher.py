@@ -10,15 +10,20 @@ import math
 
 import torch
 
+from ..contract.fields import register_field
 from ..tasks.base import teacher_prompt
 from .batch import TokenBatch
 from .grpo import GRPO, GRPOHook
 
+TEACHER_LOGP = register_field("teacher_logp", "token", "method", "each response token's log-prob under the teacher context")
+TEACHER_KL = register_field("teacher_kl", "token", "method", "KL(teacher || policy) at each response token")
+
 
 class TeacherPass(GRPOHook):
-    """Puts ``teacher_logp`` (and ``teacher_kl``) into ``batch.extras["step/..."]`` for gear."""
+    """Puts ``teacher_logp`` (and ``teacher_kl``) into ``batch.extras`` for gear."""
 
     needs = ("old_logp", "entropy")
+    provides = (TEACHER_LOGP, TEACHER_KL)
 
     def __init__(self, kl: bool = False, chunk_rows: int | None = None):
         self.kl, self.chunk_rows = kl, chunk_rows
@@ -58,9 +63,9 @@ class TeacherPass(GRPOHook):
                 kl.append((p_s * (s_out.logprobs - t_all)).sum(-1).cpu() * batch.response_attention[rows])
         pol.train(was)
         mask = batch.completion_mask.float()
-        batch.extras["step/teacher_logp"] = torch.cat(logp)[:, :batch.steps] * mask
+        batch.extras[TEACHER_LOGP] = torch.cat(logp)[:, :batch.steps] * mask
         if self.kl:
-            batch.extras["step/teacher_kl"] = torch.cat(kl)[:, :batch.steps] * mask
+            batch.extras[TEACHER_KL] = torch.cat(kl)[:, :batch.steps] * mask
         self.seconds = time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float]:

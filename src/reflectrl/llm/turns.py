@@ -3,8 +3,8 @@
 A multi-turn episode's agent turns (a query, an answer, a self-report) are natural steps for methods
 that reason per step: refgrpo-seed's per-turn reflection predictor (seed 000, section 6) regresses onto
 per-turn advantages and shapes per-turn rewards. :class:`TurnView` turns a token-level
-:class:`~reflectrl.methods.base.StepBatch` ``[R, T]`` into a turn-level one ``[R, K]`` (K: the most turns
-of a row) and maps the method's :class:`~reflectrl.methods.base.Shaping` back to tokens: a reward change of
+:class:`~reflectrl.contract.base.StepBatch` ``[R, T]`` into a turn-level one ``[R, K]`` (K: the most turns
+of a row) and maps the method's :class:`~reflectrl.contract.base.Shaping` back to tokens: a reward change of
 a turn goes to the turn's last token, an advantage change or weight to each of its tokens.
 """
 
@@ -15,7 +15,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from ..methods.base import Shaping, StepBatch
+from ..contract.base import Shaping, StepBatch
 
 
 class TurnView:

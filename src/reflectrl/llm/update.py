@@ -11,14 +11,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..contract.base import AuxInputs
+from ..contract.fields import LossInputs, read_by, register_field
 from ..core import PolicyLossConfig, agg_loss, approx_kl, get_policy_loss, masked_mean, value_loss
-from ..methods.base import AuxInputs
-from .batch import ENGINE_LOGP, TokenBatch, token_extra
+from .batch import ENGINE_LOGP, TokenBatch
 from .distributed import SINGLE, Dist
 
 VALUE_HEAD = "value"
-REPORT_ENTROPY = token_extra("entropy/report")  # extras key [R, C]: the report_entropy_coef of each token (0 off the report)
-TIS_WEIGHT = token_extra("tis/weight")  # extras key of the per-token importance weights [R, C] the policy loss is multiplied by
+REPORT_ENTROPY = register_field("report_entropy", "token", "trainer",
+                                "the report_entropy_coef of each token (0 off the self-report turn)")
+TIS_WEIGHT = register_field("tis_weight", "token", "trainer",
+                            "the per-token importance weights the policy loss is multiplied by (an engine's log-probs)")
+ROW_ID = register_field("row_id", "row", "trainer", "each row's position in the update's batch (for auxiliary losses)")
 
 
 def tis_weights(trainer_logp: Tensor, engine_logp: Tensor, mask: Tensor, cap: float | None
@@ -76,7 +80,7 @@ class PolicyUpdate:
         if counts.numel() == mb.rows:
             return mb, None
         first = torch.full((counts.numel(),), mb.rows).scatter_reduce(0, inv, torch.arange(mb.rows), "amin")
-        loss_inputs = [v for k, v in mb.extras.items() if k.startswith(("loss/", "tis/")) and torch.is_tensor(v)]
+        loss_inputs = [*read_by(mb.extras, "loss").values(), mb.extras.get(TIS_WEIGHT)]
         for t in (mb.advantages, mb.weights, *loss_inputs):
             if t is not None and not torch.equal(t, t[first][inv]):
                 return mb, None
@@ -112,11 +116,11 @@ class PolicyUpdate:
             return agg_loss(x * row_w, m_loss, cfg.loss_agg_mode, cfg.norm_len) * scale
 
         loss_fn, lc = get_policy_loss(cfg.policy_loss), self.loss_config()
-        kw = {k[5:]: v.to(dev) for k, v in mb.extras.items() if k.startswith("loss/")}
-        loss, st = loss_fn(old, out.logp, adv * row_w, m_loss, cfg.loss_agg_mode, lc, **kw)
+        li = LossInputs(old, out.logp, adv * row_w, m_loss, {k: v.to(dev) for k, v in read_by(mb.extras, "loss").items()})
+        loss, st = loss_fn(li.old_logp, li.logp, li.advantages, li.mask, cfg.loss_agg_mode, lc, **li.extra)
         loss = loss * scale
         if counts is not None and not token_mean:  # token-weighted diagnostics
-            _, st = loss_fn(old, out.logp.detach(), adv, m_stat, "token-mean", lc, **kw)
+            _, st = loss_fn(old, out.logp.detach(), adv, m_stat, "token-mean", lc, **li.extra)
         stats = {"losses/policy_loss": loss.detach(), "losses/entropy": masked_mean(out.entropy.detach(), m_stat),
                  **{f"losses/{k}": v for k, v in st.items() if k != "old_approx_kl"}}
         if cfg.entropy_coef > 0:
@@ -135,7 +139,7 @@ class PolicyUpdate:
             vl = value_loss(v, mb.values.to(dev), mb.returns.to(dev), m_stat, cfg.value_clip)
             stats["losses/value_loss"] = vl.detach()
             loss = loss + cfg.vf_coef * vl
-        rows = mb.extras.get("row_id")
+        rows = mb.extras.get(ROW_ID)
         for runner in self.methods:
             if runner.has_aux_loss and rows is not None:
                 r, t = mask.bool().nonzero(as_tuple=True)

@@ -21,10 +21,12 @@ from typing import Any, Literal
 
 import torch
 
-from ..llm.batch import TokenBatch
+from ..contract.fields import register_field
+from ..llm.batch import REPLAYED, TokenBatch
 from ..llm.grpo import GRPO, GRPOHook
 
-STORED, OFFPOLICY = "loss/stored_logp", "loss/offpolicy"
+STORED = register_field("stored_logp", "token", "loss", "a replayed trajectory's log-probs when it was stored")
+OFFPOLICY = register_field("offpolicy", "token", "loss", "1 on the tokens of a replayed stored trajectory")
 
 
 @dataclass
@@ -87,7 +89,14 @@ def sample_from_buckets(buckets: dict[int, list[str]], n: int, K: int, kind: str
 class ExGRPO(GRPOHook):
     """The experience buffer, question sampling and mixed batches of exgrpo (see the module docstring)."""
 
+    metric_labels = {"exgrpo/retired": "retired questions", "exgrpo/replay_share": "replayed share",
+                     "exgrpo/buffer_questions": "stored questions", "exgrpo/bucket_": "stored questions solved {} of K"}
+    """What its metrics mean, for tables (a key ending in ``_`` stands for its numbered family)."""
+    count_metrics = ("exgrpo/retired", "exgrpo/buffer_questions", "exgrpo/bucket_")
+    """Its metrics that count (shown without decimals)."""
+
     needs = ("old_logp",)
+    provides = (OFFPOLICY, STORED, REPLAYED)
     changes_batch = True
 
     def __init__(self, opts: ExGRPOOptions, seed: int):
@@ -158,6 +167,7 @@ class ExGRPO(GRPOHook):
         tokens off-policy with their stored log-probs."""
         batch.extras[OFFPOLICY] = torch.zeros(batch.rows, batch.steps)
         batch.extras[STORED] = torch.zeros(batch.rows, batch.steps)
+        batch.extras[REPLAYED] = torch.zeros(batch.rows)
         self._fresh_rows = batch.rows
         if not self._replayed:
             return batch
@@ -173,7 +183,8 @@ class ExGRPO(GRPOHook):
         for r, rec in enumerate(stored):
             v = torch.tensor(rec["logp"], dtype=torch.float32)
             logp[r, :v.numel()] = v[:C]
-        sb.extras = {OFFPOLICY: sb.completion_mask.float(), STORED: logp * sb.completion_mask}
+        sb.extras = {OFFPOLICY: sb.completion_mask.float(), STORED: logp * sb.completion_mask,
+                     REPLAYED: torch.ones(sb.rows)}
         sb.infos = [list(r.get("infos", [])) for r in stored]
         parts = [batch, sb]
         out = TokenBatch.cat(parts, pid)

@@ -27,10 +27,10 @@ from ..checkpoint import (
     unpack_optimizer,
     unpack_state_dict,
 )
+from ..contract.base import EpisodeAssembler, Shaping, StepBatch
+from ..contract.nets import ScalarMLP, adam_for, fit_regression
 from ..control.dqn import DQN, DQNHook
 from ..core import RingBuffer
-from .base import EpisodeAssembler, Shaping, StepBatch
-from .nets import ScalarMLP, adam_for, fit_regression
 
 
 # ----------------------------------------------------------------------------- the math
@@ -237,9 +237,10 @@ class ReflectionMemory:
         """``coef(progress) * scale * r_refl`` of reflections ``[N, E]`` in [-1, 1] (NaN: none; its term is 0)."""
         sig, kept = aggregate_reflection(members, self.o.refl_confidence, self.o.refl_vote)
         coef = self.schedule(progress)
-        return coef * self.scale() * sig, {"exgrpo/refl_mean": float(sig.mean()),
-                                           "exgrpo/refl_std": float(sig.std()) if sig.numel() > 1 else 0.0,
-                                           "exgrpo/refl_kept_frac": float(kept.float().mean()), "exgrpo/coef": coef}
+        return coef * self.scale() * sig, {"exgrpo-seed/refl_mean": float(sig.mean()),
+                                           "exgrpo-seed/refl_std": float(sig.std()) if sig.numel() > 1 else 0.0,
+                                           "exgrpo-seed/refl_kept_frac": float(kept.float().mean()),
+                                           "exgrpo-seed/coef": coef}
 
     def train(self) -> dict[str, float]:
         """Sample trajectories by priority and fit the reflector to their return ranks. In the
@@ -267,9 +268,9 @@ class ReflectionMemory:
                                self.o.refl_priority_alpha, self.o.refl_priority_eps)
         idx = torch.multinomial(probs, self.o.refl_batch, replacement=True, generator=self.sample_gen)
         loss = reflector.fit(pooled[idx], targets[idx])
-        return {"exgrpo/refl_loss": loss, "exgrpo/priority_max": float(probs.max() * probs.numel()),
-                "exgrpo/priority_min": float(probs.min() * probs.numel()),
-                "exgrpo/priority_entropy": float(-(probs * probs.clamp_min(1e-30).log()).sum())}
+        return {"exgrpo-seed/refl_loss": loss, "exgrpo-seed/priority_max": float(probs.max() * probs.numel()),
+                "exgrpo-seed/priority_min": float(probs.min() * probs.numel()),
+                "exgrpo-seed/priority_entropy": float(-(probs * probs.clamp_min(1e-30).log()).sum())}
 
     def _wait(self) -> None:
         """Finish the background fit in flight (its result stays pending until the next training)."""
@@ -317,6 +318,9 @@ class ExGRPOSeed:
     """exgrpo-seed on top of a policy-gradient trainer: reflect on the trajectories a batch
     completed (one batched forward), shape them, then store them and (every N updates) train."""
 
+    metric_labels = {"exgrpo-seed/coef": "reflection coefficient"}
+    """What its metrics mean, for tables."""
+
     fit_first = False  # a trajectory is reflected on before it joins the memory the reflector learns from
 
     def __init__(self, state_dim: int, rows: int, opts: ExGRPOSeedOptions, seed: int, reflector: Reflector | None = None,
@@ -325,6 +329,7 @@ class ExGRPOSeed:
         reflector's grades, NaN where it gave none); the memory then only keeps returns for the scale and
         nothing is trained. A batch without that key gets no reflection term."""
         self.o, self.external = opts, external
+        self.reads = (external,) if external is not None else ()
         self.rm = ReflectionMemory(state_dim, opts, seed, reflector)
         self.assembler = EpisodeAssembler(rows, ("states", "rewards"))
         self.updates = 0
@@ -375,7 +380,7 @@ class ExGRPOSeed:
         self.updates += 1
         if self.external is None and self.rm.memory.size >= self.o.refl_min_memory and self.updates % self.o.refl_every == 0:
             self._metrics.update(self.rm.train())
-        self._metrics["exgrpo/buffer_size"] = self.rm.memory.size
+        self._metrics["exgrpo-seed/buffer_size"] = self.rm.memory.size
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
@@ -443,7 +448,7 @@ class ExGRPOSeedDQNHook(DQNHook):
         return term * self.slot_has[idx]
 
     def metrics(self) -> dict[str, float]:
-        out = {**self._metrics, "exgrpo/buffer_size": self.rm.memory.size}
+        out = {**self._metrics, "exgrpo-seed/buffer_size": self.rm.memory.size}
         self._metrics = {}
         return out
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .base import Shaping, StepBatch
+from ..contract.base import Shaping, StepBatch
 
 
 @dataclass
@@ -120,6 +120,8 @@ class GEAR:
     def __init__(self, opts: GEAROptions):
         self.o = opts
         self._metrics: dict[str, float] = {}
+        self.reads = ("teacher_kl",) if opts.gear_divergence == "kl" else ("teacher_logp",)
+        """The teacher pass's field it reads (``StepBatch.per_step``)."""
 
     def fit(self, batch: StepBatch) -> None:
         """Nothing to learn: the teacher is the policy itself."""

@@ -27,9 +27,9 @@ from ..checkpoint import (
     unpack_optimizer,
     unpack_state_dict,
 )
+from ..contract.base import AuxInputs, Episode, EpisodeAssembler, Shaping, StepBatch
+from ..contract.nets import ScalarMLP, adam_for, fit_regression
 from ..core import RingBuffer, returns_to_go
-from .base import AuxInputs, Episode, EpisodeAssembler, Shaping, StepBatch
-from .nets import ScalarMLP, adam_for, fit_regression
 
 
 def winners_per_group(top_frac: float, group_size: int) -> int:
@@ -191,7 +191,7 @@ class GearSeed:
         pairs = ranking_pairs(group, score)
         self._rank = (seg, pairs)
         self._rank_acc = []
-        self._metrics["gear/rank_pairs"] = float(pairs.sum())
+        self._metrics["gear-seed/rank_pairs"] = float(pairs.sum())
 
     def _ranking_loss(self, inputs: AuxInputs) -> Tensor:
         """``gear_rank_coef`` x the ranking loss on the steps of one minibatch of the policy update."""
@@ -202,13 +202,13 @@ class GearSeed:
                                         self.o.gear_rank_scale)
         if n:
             self._rank_acc.append(float(loss.detach()))
-            self._metrics["gear/rank_loss"] = sum(self._rank_acc) / len(self._rank_acc)
+            self._metrics["gear-seed/rank_loss"] = sum(self._rank_acc) / len(self._rank_acc)
         return self.o.gear_rank_coef * loss
 
     def _shape(self, batch: StepBatch) -> Shaping:
         if not self.target_ready:
-            self._metrics = {"gear/omega_mean": 1.0, "gear/omega_std": 0.0, "gear/omega_min": 1.0,
-                             "gear/omega_max": 1.0, "gear/omega_clip_frac": 0.0}
+            self._metrics = {"gear-seed/omega_mean": 1.0, "gear-seed/omega_std": 0.0, "gear-seed/omega_min": 1.0,
+                             "gear-seed/omega_max": 1.0, "gear-seed/omega_clip_frac": 0.0}
             return Shaping()
         states = batch.states.reshape(-1, batch.states.shape[-1])
         with torch.no_grad():
@@ -222,9 +222,9 @@ class GearSeed:
                                          self.o.gear_omega_normalize)
         if batch.mask is not None:
             omega = torch.where(batch.mask.bool(), omega, torch.ones_like(omega))
-        self._metrics = {"gear/omega_mean": float(omega.mean()), "gear/omega_std": float(omega.std()),
-                         "gear/omega_min": float(omega.min()), "gear/omega_max": float(omega.max()),
-                         "gear/omega_clip_frac": clip_frac, "gear/tau": tau}
+        self._metrics = {"gear-seed/omega_mean": float(omega.mean()), "gear-seed/omega_std": float(omega.std()),
+                         "gear-seed/omega_min": float(omega.min()), "gear-seed/omega_max": float(omega.max()),
+                         "gear-seed/omega_clip_frac": clip_frac, "gear-seed/tau": tau}
         return Shaping(weights=omega)
 
     def fit(self, batch: StepBatch) -> None:
@@ -247,8 +247,8 @@ class GearSeed:
             if self.fits % self.o.gear_target_sync == 0:
                 self.target.load_state_dict(self.vd.state_dict())
                 self.target_ready = True
-        self._metrics.update({"gear/vd_loss": loss, "gear/groups_completed": groups, "gear/winners": winners,
-                              "gear/winner_steps": self.store.size, "gear/pending_groups": len(self.pending)})
+        self._metrics.update({"gear-seed/vd_loss": loss, "gear-seed/groups_completed": groups, "gear-seed/winners": winners,
+                              "gear-seed/winner_steps": self.store.size, "gear-seed/pending_groups": len(self.pending)})
 
     def _whole_groups(self, batch: StepBatch) -> tuple[int, int] | None:
         """The LLM case in one pass: whole-row episodes, every row ended, complete groups, none pending, terminal

@@ -27,8 +27,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from ..contract.base import Shaping, StepBatch, last_turn_tokens, row_groups
 from ..core.advantages import group_advantages
-from .base import Shaping, StepBatch, last_turn_tokens, row_groups
 from .rewards import balanced_reflection_bonus, bonus_schedule, group_rank_reward, reflection_bonus
 
 Credit = Literal["episode", "split"]

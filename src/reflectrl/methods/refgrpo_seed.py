@@ -20,9 +20,9 @@ from ..checkpoint import (
     unpack_optimizer,
     unpack_state_dict,
 )
+from ..contract.base import Shaping, StepBatch
+from ..contract.nets import ScalarMLP, adam_for, fit_regression
 from ..core import masked_mean, masked_whiten
-from .base import Shaping, StepBatch
-from .nets import ScalarMLP, adam_for, fit_regression
 
 
 def normalized_advantages(adv: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -147,13 +147,14 @@ class RefGRPOSeed:
         with torch.no_grad():
             f = self.net(x)[:, 0]
             err = (f - y).pow(2)
-            m = {"refgrpo/L_cal_pre": pre, "refgrpo/L_cal_train": float(err.mean() if train is None else err[train].mean())}
+            m = {"refgrpo-seed/L_cal_pre": pre,
+                 "refgrpo-seed/L_cal_train": float(err.mean() if train is None else err[train].mean())}
             if train is not None:
-                m["refgrpo/L_cal_unseen"] = float(err[perm[k:]].mean())
+                m["refgrpo-seed/L_cal_unseen"] = float(err[perm[k:]].mean())
             if self.heldout and self.o.heldout_batches > 0:
                 hx = torch.cat([h[0] for h in self.heldout])
                 hy = torch.cat([h[1] for h in self.heldout])
-                m["refgrpo/L_cal_heldout"] = float((self.net(hx)[:, 0] - hy).pow(2).mean())
+                m["refgrpo-seed/L_cal_heldout"] = float((self.net(hx)[:, 0] - hy).pow(2).mean())
         if self.o.heldout_batches > 0:
             keep = perm[-self.o.heldout_rows:]
             self.heldout.append((x[keep].clone(), y[keep].clone()))
@@ -174,14 +175,14 @@ class RefGRPOSeed:
         bc, c = clip_bonus(b, rew, self.o.cal_clip_k, self.o.cal_clip_floor)
         beta = self.o.cal_beta
         if self.o.cal_beta_adaptive:
-            beta = adaptive_beta(beta, self._metrics.get("refgrpo/L_cal_pre", self.o.cal_loss_ref), self.o.cal_loss_ref,
+            beta = adaptive_beta(beta, self._metrics.get("refgrpo-seed/L_cal_pre", self.o.cal_loss_ref), self.o.cal_loss_ref,
                                  self.o.cal_beta_min, self.o.cal_beta_max)
         delta = beta * bc
         mean_r = float(rew.abs().mean())
         self._metrics.update({
-            "refgrpo/b_cal_mean": float(b.mean()), "refgrpo/b_cal_std": float(b.std()) if b.numel() > 1 else 0.0,
-            "refgrpo/bonus_clip_frac": float((b.abs() > c).float().mean()), "refgrpo/clip_c": c,
-            "refgrpo/beta": beta, "refgrpo/bonus_to_reward": float(delta.abs().mean()) / mean_r if mean_r > 0 else 0.0,
+            "refgrpo-seed/b_cal_mean": float(b.mean()), "refgrpo-seed/b_cal_std": float(b.std()) if b.numel() > 1 else 0.0,
+            "refgrpo-seed/bonus_clip_frac": float((b.abs() > c).float().mean()), "refgrpo-seed/clip_c": c,
+            "refgrpo-seed/beta": beta, "refgrpo-seed/bonus_to_reward": float(delta.abs().mean()) / mean_r if mean_r > 0 else 0.0,
         })
         full = torch.zeros_like(batch.rewards)
         if batch.mask is None:

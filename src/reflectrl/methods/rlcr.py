@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .base import Shaping, StepBatch, row_groups
+from ..contract.base import Shaping, StepBatch, row_groups
 from .refgrpo import Credit, last_step_delta, split_credit
 from .rewards import RLCR_FORMAT_PENALTY, brier_term, group_rank_reward, rlcr_reward
 

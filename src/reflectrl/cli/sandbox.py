@@ -13,10 +13,10 @@ import sys
 import warnings
 from pathlib import Path
 
-from .backends import sandbox_backend, sandbox_capabilities
-from .base import BACKENDS, SandboxError
-from .cost import verdict_cost
-from .run import run_tests
+from ..sandbox.backends import sandbox_backend, sandbox_capabilities
+from ..sandbox.base import BACKENDS, SandboxError
+from ..sandbox.cost import verdict_cost
+from ..sandbox.run import run_tests
 
 
 class _UsageError(Exception):

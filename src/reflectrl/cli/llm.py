@@ -12,8 +12,8 @@ import json
 import sys
 from typing import Any
 
-from ..cliutil import check_device, check_seed, run_command
 from ..errors import ConfigError
+from .util import check_device, check_seed, run_command
 
 USAGE = """usage: reflectrl llm COMMAND [ARGS]
 
@@ -37,7 +37,7 @@ clip-higher 0.28, token-mean, zero-variance groups filtered); explicit flags ove
 
 
 def cmd_init_tiny(argv: list[str]) -> int:
-    from .tiny import ARCHS, init_tiny
+    from ..llm.tiny import ARCHS, init_tiny
 
     ap = argparse.ArgumentParser(prog="reflectrl llm init-tiny", description="Write a tiny random-init causal LM "
                                  "and a character-level tokenizer, loadable by AutoModelForCausalLM/AutoTokenizer.")
@@ -57,7 +57,7 @@ def cmd_init_tiny(argv: list[str]) -> int:
 
 
 def cmd_get_model(argv: list[str]) -> int:
-    from .models import MODEL_INFO, NAMED_MODELS, get_model
+    from ..llm.models import MODEL_INFO, NAMED_MODELS, get_model
 
     ap = argparse.ArgumentParser(prog="reflectrl llm get-model", description="Dequantize a named model (shipped in a "
                                  "Python package as a GGUF file) or a GGUF file of your own into a standard Hugging Face "
@@ -80,8 +80,8 @@ def cmd_get_model(argv: list[str]) -> int:
 def cmd_warmup(argv: list[str]) -> int:
     import tyro
 
-    from ..cliutil import merge_task_options
-    from .warmup import WarmupConfig, warmup
+    from ..llm.warmup import WarmupConfig, warmup
+    from .util import merge_task_options
 
     front = argparse.ArgumentParser(add_help=False)
     front.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -108,9 +108,9 @@ def cmd_train(argv: list[str]) -> int:
     import tyro
 
     from ..algos import algo_names, get_algo
-    from ..cliutil import foreign_flags, merge_task_options, print_json, resume_from_cli
     from ..runlog import ensure_writable_dir, guard_folder
     from ..tasks.base import parse_options
+    from .util import foreign_flags, merge_task_options, print_json, resume_from_cli
 
     front, rest = _train_front(argv)
     if "-h" in rest or "--help" in rest:
@@ -163,7 +163,7 @@ def _rank() -> int:
 
 
 def cmd_eval(argv: list[str]) -> int:  # noqa: C901 (to split)
-    from .evaluate import evaluate
+    from ..llm.evaluate import evaluate
 
     ap = argparse.ArgumentParser(prog="reflectrl llm eval", description="Accuracy of a model directory or of an LLM "
                                  "run directory's latest checkpoint: greedy with a Wilson interval, or pass@k.")
@@ -273,7 +273,7 @@ def report_warnings(res: dict[str, Any]) -> list[str]:
 
 
 def cmd_compare(argv: list[str]) -> int:
-    from ..eval.llm_compare import main as compare_main
+    from ..experiments.llm_compare import main as compare_main
 
     return compare_main(argv)
 
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..algos import algo_names
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .models import NAMED_MODELS
+    from ..llm.models import NAMED_MODELS
 
     usage = USAGE.format(algos="|".join(algo_names("llm")), models=", ".join(NAMED_MODELS))
     if not argv or argv[0] in ("-h", "--help"):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 KINDS = ("control", "llm")
 

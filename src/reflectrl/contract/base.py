@@ -136,6 +136,8 @@ class MethodRunner:
             raise TypeError(f"{type(method).__name__} does not declare fit_first (fit before or after shape)")
         self.method, self.features, self.view = method, features, view
         self.name = name or type(method).__name__
+        self.reads: tuple[str, ...] = tuple(getattr(method, "reads", ()))
+        """The fields a hook must put into the batch for this method (:func:`reflectrl.contract.hooks.check_provided`)."""
         self.seconds = 0.0
 
     @property

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from ..eval.stats import against_baseline, bootstrap_ci, claim_text, early_auc, iqm_ci, probability_of_improvement_ci
 from .report import _est, _num, _ordered, seed_key
 from .rundata import RunData, load_run
-from .stats import against_baseline, bootstrap_ci, claim_text, early_auc, iqm_ci, probability_of_improvement_ci
 
 ACCURACY_MARGIN = 0.02
 """Non-inferiority margin of held-out accuracy: 2 accuracy points."""
@@ -127,7 +127,7 @@ def reliability_figure(task: str, by_method: dict[str, list[RunData]], methods: 
     """One reliability panel per method (confidences pooled over seeds); None without confidences."""
     from matplotlib.figure import Figure
 
-    from .calibration import reliability_bins
+    from ..eval.calibration import reliability_bins
 
     names = [m for m in _ordered(by_method, methods) if len(pooled_reports(by_method[m])[0])]
     if not names:

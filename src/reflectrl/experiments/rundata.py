@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ReflectRLError
+from ..runlog import current_names
 
 EPISODIC_RETURN = "charts/episodic_return"
 
@@ -31,7 +32,8 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl``; a torn last line (a run killed mid-write) is skipped."""
+    """The records of a ``metrics.jsonl`` (metrics under their current names); a torn last line (a run killed
+    mid-write) is skipped."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError:
@@ -43,7 +45,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
         if isinstance(rec, dict):
-            out.append(rec)
+            out.append(current_names(rec))
     return out
 
 

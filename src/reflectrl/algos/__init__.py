@@ -2,9 +2,9 @@
 once, the others when a lookup first needs them: a front end's modules are imported only when one of
 its algos is used), and the lookups and resume that the CLI, ``compare`` and library users call.
 
-An entry is one :class:`~reflectrl.registry.Algo`: its config dataclass, the defaults it applies and
+An entry is one :class:`~reflectrl.algos.registry.Algo`: its config dataclass, the defaults it applies and
 how to build its trainer. A method of a user's own is one file plus one
-:func:`~reflectrl.registry.register_algo` call (docs/architecture.md shows one); it then trains,
+:func:`~reflectrl.algos.registry.register_algo` call (docs/architecture.md shows one); it then trains,
 appears in ``--algo``'s choices and resumes as itself, like these.
 """
 
@@ -14,15 +14,15 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import load_checkpoint
-from .control.config import PPOConfig
-from .control.ppo import PPO
-from .errors import CheckpointError
+from ..checkpoint import load_checkpoint
+from ..control.config import PPOConfig
+from ..control.ppo import PPO
+from ..errors import CheckpointError
+from ..trainer import CHECKPOINT, Trainer, extend_budget, load_config, read_config_json, run_kind
 from .registry import Algo, algo_table, lookup, register_algo, register_builtins, register_implied_defaults
-from .trainer import CHECKPOINT, Trainer, extend_budget, load_config, read_config_json, run_kind
 
 if TYPE_CHECKING:
-    from .llm.config import GRPOConfig
+    from ..llm.config import GRPOConfig
 
 # ----------------------------------------------------------------------------- control front end
 # PPO is registered at once; the other built-ins of each front end are registered by a loader that the
@@ -34,8 +34,8 @@ register_algo(Algo("ppo", "control", PPOConfig, lambda cfg: PPO(cfg),
 
 def _register_control() -> None:
     """DQN and the control methods."""
-    from .control.dqn import DQN, DQNConfig
-    from .methods.control_algos import (
+    from ..control.dqn import DQN, DQNConfig
+    from .control import (
         ExGRPOSeedConfig,
         ExGRPOSeedDQNConfig,
         GearSeedConfig,
@@ -62,10 +62,10 @@ def _register_control() -> None:
 # ----------------------------------------------------------------------------- LLM front end
 def _register_llm() -> None:
     """Every built-in of the LLM front end."""
-    from .llm.config import GRPOConfig
-    from .llm.grpo import GRPO
-    from .llm.models import implied_llm_defaults
-    from .methods.llm_algos import (
+    from ..llm.config import GRPOConfig
+    from ..llm.grpo import GRPO
+    from ..llm.models import implied_llm_defaults
+    from .llm import (
         EXGRPO_DEFAULTS,
         GEAR_SEED_DEFAULTS,
         REFGRPO_DEFAULTS,
@@ -123,12 +123,12 @@ register_builtins("llm", _register_llm)
 # ----------------------------------------------------------------------------- a user's own modules
 def load_plugins(spec: str | None = None) -> list[str]:
     """Import the modules named in ``REFLECTRL_PLUGINS`` (comma-separated; or ``spec``): a method of a user's own
-    registers there with :func:`~reflectrl.registry.register_algo` and is then an ``--algo`` of the CLI, of
+    registers there with :func:`~reflectrl.algos.registry.register_algo` and is then an ``--algo`` of the CLI, of
     ``compare`` (its runs inherit the environment) and of ``--resume``."""
     import importlib
     import os
 
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     names = [n.strip() for n in (spec if spec is not None else os.environ.get("REFLECTRL_PLUGINS", "")).split(",")
              if n.strip()]

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ReflectRLError
+from ..eval.stats import interpolate_curve, mean_t_band
 from .rundata import EPISODIC_RETURN, RunData, discover_runs, group_runs, load_run
-from .stats import interpolate_curve, mean_t_band
 
 GRID_POINTS = 200
 

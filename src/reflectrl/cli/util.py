@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 SEED_MAX = 2**63 - 1  # reflectrl.trainer.SEED_MAX (not imported: keeps the CLI's start light)
 
@@ -60,7 +60,7 @@ def foreign_flags(rest: Sequence[str], kind: str, algo: str) -> None:
     does (a method's option given to the wrong method), naming the algos that take it."""
     import dataclasses
 
-    from .algos import algo_table
+    from ..algos import algo_table
 
     table = algo_table(kind)
     fields = lambda a: {f.name for f in dataclasses.fields(table[a].config_cls)}  # noqa: E731
@@ -81,7 +81,7 @@ def foreign_flags(rest: Sequence[str], kind: str, algo: str) -> None:
 def merge_task_options(*given: tuple[str, Sequence[str]]) -> tuple[str, ...]:
     """One list of task options from the flags that give them (``--set``, ``--task-options``, ``--task-option``:
     aliases), in order, each KEY once; ConfigError naming both flags when one KEY gets two values."""
-    from .tasks.base import parse_options
+    from ..tasks.base import parse_options
 
     seen: dict[str, tuple[str, Any]] = {}
     out: list[str] = []
@@ -102,7 +102,7 @@ def resume_from_cli(run_dir: str, rest: list[str], kind: str, algo: str | None, 
     """The trainer of ``--resume RUN_DIR [--BUDGET N] [...]``. The run continues as it was configured: a
     different ``--algo`` or a ``--preset`` is refused; the budget may grow (never shrink below what is
     done); the progress bar, time limits and (LLM) the base model's path may change."""
-    from .algos import resume, run_algo
+    from ..algos import resume, run_algo
 
     budget_flag = "--total-timesteps" if kind == "control" else "--updates"
     resume_cmd = "reflectrl train" if kind == "control" else "reflectrl llm train"
@@ -133,7 +133,7 @@ def resume_from_cli(run_dir: str, rest: list[str], kind: str, algo: str | None, 
     if kind == "llm":
         from pathlib import Path
 
-        from .trainer import read_config_json
+        from ..trainer import read_config_json
 
         raw = read_config_json(run_dir)
         check_device(str(raw.get("device", "cpu")), "the run's device")
@@ -201,9 +201,9 @@ def run_command(fn: Any, argv: list[str]) -> int:
     import os
     import sys
 
-    from . import trainer
-    from .errors import ReflectRLError
-    from .trainer import TrainingStopped
+    from .. import trainer
+    from ..errors import ReflectRLError
+    from ..trainer import TrainingStopped
 
     trainer.SECOND_INTERRUPT_EXITS = True  # a double Ctrl-C ends the process in one line, never a hang
     try:

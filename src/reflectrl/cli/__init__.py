@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from .cliutil import check_seed, run_command
-from .errors import ConfigError
+from ..errors import ConfigError
+from .util import check_seed, run_command
 
 TRAIN_HEADER = """usage: reflectrl train [--algo {algos}] [--preset NAME] [--resume RUN_DIR] [HYPERPARAMETER FLAGS]
 
@@ -34,10 +34,10 @@ def cmd_train(argv: list[str]) -> int:
     """``reflectrl train``: new run (the algo's config flags, optionally on a preset) or ``--resume``."""
     import tyro
 
-    from .algos import algo_names, get_algo
-    from .cliutil import print_json, resume_from_cli
-    from .control.config import PRESETS
-    from .runlog import ensure_writable_dir, guard_folder
+    from ..algos import algo_names, get_algo
+    from ..control.config import PRESETS
+    from ..runlog import ensure_writable_dir, guard_folder
+    from .util import print_json, resume_from_cli
 
     front, rest = _train_front(argv)
     if "-h" in rest or "--help" in rest:
@@ -67,7 +67,7 @@ def cmd_train(argv: list[str]) -> int:
 
 def cmd_eval(argv: list[str]) -> int:
     """``reflectrl eval RUN_DIR``: mean/std return of the deterministic policy."""
-    from .control.evaluate import EVAL_SEED, evaluate
+    from ..control.evaluate import EVAL_SEED, evaluate
 
     ap = argparse.ArgumentParser(prog="reflectrl eval", description="Evaluate a run's latest checkpoint.")
     ap.add_argument("run_dir", help="run directory written by `reflectrl train`")
@@ -92,7 +92,7 @@ def cmd_eval(argv: list[str]) -> int:
 
 def cmd_presets(argv: list[str]) -> int:
     """``reflectrl presets``: the named presets and their values."""
-    from .control import PRESETS
+    from ..control import PRESETS
 
     argparse.ArgumentParser(prog="reflectrl presets", description="List the named presets.").parse_args(argv)
     for name, values in PRESETS.items():
@@ -102,7 +102,7 @@ def cmd_presets(argv: list[str]) -> int:
 
 def cmd_sandbox(argv: list[str]) -> int:
     """``reflectrl sandbox ...``: run untrusted code against tests in the sandbox."""
-    from .sandbox.cli import main as sandbox_main
+    from .sandbox import main as sandbox_main
 
     return sandbox_main(argv)
 
@@ -131,7 +131,7 @@ def cmd_demo(argv: list[str]) -> int:
     ap.add_argument("--llm-updates", type=int, default=80, help="updates per LLM run (default 80; 0 skips the LLM part)")
     ap.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     args = ap.parse_args(argv)
-    from .eval.compare import main as compare_main
+    from ..experiments.compare import main as compare_main
 
     rc = compare_main([
         "--methods", "ppo", "refgrpo-seed", "gear-seed", "--env-ids", "LunarLander-v3",
@@ -145,9 +145,9 @@ def cmd_demo(argv: list[str]) -> int:
 
 def _demo_llm(out: Path, seeds: int, workers: int, updates: int) -> int:
     """A tiny model (built once, warmed up with self-reports), then ``reflectrl llm compare`` of grpo and rlcr."""
-    from .eval.llm_compare import main as llm_compare_main
-    from .llm.tiny import init_tiny
-    from .llm.warmup import WarmupConfig, warmup
+    from ..experiments.llm_compare import main as llm_compare_main
+    from ..llm.tiny import init_tiny
+    from ..llm.warmup import WarmupConfig, warmup
 
     model = out / "model"
     if not (model / "warmup.json").is_file():
@@ -167,9 +167,10 @@ def _demo_llm(out: Path, seeds: int, workers: int, updates: int) -> int:
 
 COMMANDS = {
     "train": cmd_train, "eval": cmd_eval, "presets": cmd_presets, "sandbox": cmd_sandbox, "demo": cmd_demo,
-    "compare": _delegate("reflectrl.eval.compare", "main"), "plot": _delegate("reflectrl.eval.compare", "plot_main"),
-    "llm": _delegate("reflectrl.llm.cli"), "tasks": _delegate("reflectrl.tasks.cli"),
-    "calibration": _delegate("reflectrl.eval.calibration_cli"),
+    "compare": _delegate("reflectrl.experiments.compare", "main"),
+    "plot": _delegate("reflectrl.experiments.compare", "plot_main"),
+    "llm": _delegate("reflectrl.cli.llm"), "tasks": _delegate("reflectrl.cli.tasks"),
+    "calibration": _delegate("reflectrl.cli.calibration"),
 }
 
 USAGE = """usage: reflectrl COMMAND [ARGS]
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     code = run_command(COMMANDS[argv[0]], argv[1:])
     if from_process:
-        from .trainer import ignore_late_interrupts
+        from ..trainer import ignore_late_interrupts
 
         ignore_late_interrupts()
     return code

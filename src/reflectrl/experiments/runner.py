@@ -1,6 +1,6 @@
 """One run of a comparison: what it is (:class:`RunSpec`), what its directory holds (:func:`plan`), and
 bringing it to evaluated (:func:`run_one`), each process through the ``reflectrl`` CLI. The local pool
-(:func:`run_local`) and the Ray backend (:mod:`reflectrl.integrations.ray_backend`) both run
+(:func:`run_local`) and the Ray backend (:mod:`reflectrl.experiments.ray_backend`) both run
 :func:`run_one`, for control and LLM runs alike.
 """
 

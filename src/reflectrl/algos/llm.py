@@ -10,16 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..contract.base import MethodRunner, method_seed
 from ..llm.config import GRPOConfig
+from ..methods.exgrpo import ExGRPO, ExGRPOOptions
+from ..methods.exgrpo_seed import ExGRPOSeed, ExGRPOSeedOptions
+from ..methods.gear import GEAR, GEAROptions
+from ..methods.gear_seed import GearSeed, GearSeedOptions
+from ..methods.refgrpo import RefGRPO, RefGRPOOptions
+from ..methods.refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
+from ..methods.rlcr import RLCR, RLCROptions
 from ..trainer import check_all
-from .base import MethodRunner, method_seed
-from .exgrpo import ExGRPO, ExGRPOOptions
-from .exgrpo_seed import ExGRPOSeed, ExGRPOSeedOptions
-from .gear import GEAR, GEAROptions
-from .gear_seed import GearSeed, GearSeedOptions
-from .refgrpo import RefGRPO, RefGRPOOptions
-from .refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
-from .rlcr import RLCR, RLCROptions
 
 if TYPE_CHECKING:
     from ..llm.grpo import GRPO

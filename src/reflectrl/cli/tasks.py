@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError, ReflectRLError
-from .base import SPLITS, Problem, get_task, load_tasks, parse_options, score_all, split_problems
+from ..tasks.base import SPLITS, Problem, get_task, load_tasks, parse_options, score_all, split_problems
 
 
 def _task(name: str, options: dict[str, Any], workers: int | None = None):

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .rundata import EPISODIC_RETURN, RunData, group_runs
-from .stats import (
+from ..eval.stats import (
     against_baseline,
     claim_text,
     early_auc,
@@ -19,6 +18,7 @@ from .stats import (
     mean_probability_of_improvement_ci,
     probability_of_improvement_ci,
 )
+from .rundata import EPISODIC_RETURN, RunData, group_runs
 
 MARGIN_SHARE = 0.05
 """Non-inferiority margin of a control comparison: 5% of the magnitude of the baseline's mean final return."""

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from ..errors import ReflectRLError
-from ..eval.runner import RunSpec, failed_result, run_one
+from .runner import RunSpec, failed_result, run_one
 
 
 def init_ray(workers: int) -> None:

@@ -99,7 +99,7 @@ def calibration_table(rows: list[tuple[float, float | None, float | None]], reps
                       seed: int = 0) -> dict[str, Any]:
     """The metrics of the rows: reflection metrics over the rows where a reflection was asked, confidence metrics
     over those where a confidence was, with 95% percentile bootstrap intervals (rows resampled)."""
-    from .calibration import self_report_metrics
+    from ..eval.calibration import self_report_metrics
 
     y = np.array([r[0] for r in rows])
     out: dict[str, Any] = {"rows": len(rows), "accuracy": float(y.mean())}
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {a.file}: {line} (left out)", file=sys.stderr)
     table = calibration_table(rows, a.reps)
     if a.out is not None:
-        from .calibration import reliability_diagram, risk_coverage_curve
+        from ..eval.calibration import reliability_diagram, risk_coverage_curve
 
         conf = [(r[2], r[0]) for r in rows if r[2] is not None and not math.isnan(r[2])]
         if conf:

@@ -6,7 +6,7 @@ Without ``--model``, each (task, seed) gets one tiny model built by the task's C
 demonstrations end with self-reports, a quarter of them after the teacher prompt that gear uses) in
 ``OUT/models/{task}/seed_{s}/warmup``, and every method of that
 seed trains from it: the comparison is paired. Runs live in ``OUT/runs/{task}/{method}/seed_{s}/`` and go
-through the same :func:`~reflectrl.eval.runner.run_one` as ``reflectrl compare`` (skip finished, resume
+through the same :func:`~reflectrl.experiments.runner.run_one` as ``reflectrl compare`` (skip finished, resume
 interrupted, retry, local pool or Ray); each is evaluated greedily on the held-out split with a reflection
 and a confidence asked after each answer (``reflectrl llm eval --self-report both``).
 """
@@ -238,7 +238,7 @@ def main(argv: list[str]) -> int:  # noqa: C901 (to split)
     if not args.report_only and todo:
         try:
             if args.backend == "ray":
-                from ..integrations.ray_backend import run_ray
+                from .ray_backend import run_ray
 
                 run_ray(todo, args.workers, on_result)
             else:

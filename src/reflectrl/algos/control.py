@@ -1,6 +1,6 @@
 """The seed methods on the control front end: one config dataclass per method (a PPOConfig or
 DQNConfig subclass, so every option is a ``reflectrl train --algo NAME`` flag) and what each needs built
-for a run: its :class:`~reflectrl.methods.base.MethodRunner` (PPO reads the features it names from its
+for a run: its :class:`~reflectrl.contract.base.MethodRunner` (PPO reads the features it names from its
 own batch) or, for exgrpo-seed-dqn, its DQN hook. The composition root :mod:`reflectrl.algos`
 registers them.
 """
@@ -14,15 +14,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..contract.base import MethodRunner, method_seed
+from ..contract.nets import control_features
 from ..control.config import PPOConfig
 from ..control.dqn import DQNConfig
 from ..control.envs import make_vector_env
 from ..errors import ConfigError
-from .base import MethodRunner, method_seed
-from .exgrpo_seed import ExGRPOSeed, ExGRPOSeedDQNHook, ExGRPOSeedOptions
-from .gear_seed import GearSeed, GearSeedOptions
-from .nets import control_features
-from .refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
+from ..methods.exgrpo_seed import ExGRPOSeed, ExGRPOSeedDQNHook, ExGRPOSeedOptions
+from ..methods.gear_seed import GearSeed, GearSeedOptions
+from ..methods.refgrpo_seed import RefGRPOSeed, RefGRPOSeedOptions
 
 if TYPE_CHECKING:
     from ..control.ppo import PPO, Rollout

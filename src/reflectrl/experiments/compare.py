@@ -107,7 +107,7 @@ def build_grid(methods: Sequence[MethodSpec], env_ids: Sequence[str], seeds: Seq
 
 def _backend(name: str) -> Callable[[Sequence[RunSpec], int, Callable[[dict], None]], None]:
     if name == "ray":
-        from ..integrations.ray_backend import run_ray
+        from .ray_backend import run_ray
 
         return run_ray
     return run_local
@@ -162,7 +162,7 @@ def _validate(args: argparse.Namespace) -> list[MethodSpec]:
     for env in args.env_ids:
         check_env_id(env)
     if args.stats_engine == "rliable":
-        from .stats import rliable_available
+        from ..eval.stats import rliable_available
 
         if not rliable_available():
             raise ConfigError("--stats-engine rliable needs rliable: pip install rliable 'pandas<3'")

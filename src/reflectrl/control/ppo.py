@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from ..contract.base import AuxInputs, MethodRunner, StepBatch, apply_shaping
 from ..core import discounted_cumsum, explained_variance, gae, next_values_from, ppo_policy_loss, value_loss
@@ -34,6 +35,19 @@ from .networks import build_actor_critic
 from .optim import EagerAdam
 
 __all__ = ["CHECKPOINT", "PPO", "Rollout"]
+
+
+@dataclass
+class _Flat:
+    """A rollout flattened to ``[rows * steps]`` for the minibatches: observations, actions, the log-probs and values
+    they were taken with, the returns, and the (weighted) advantages."""
+
+    obs: Tensor
+    act: Tensor
+    old_logp: Tensor
+    old_v: Tensor
+    ret: Tensor
+    adv: Tensor
 
 
 @dataclass
@@ -223,48 +237,30 @@ class PPO(EnvTrainer):
             out = apply_shaping(runner.run(sb), b.rewards, b.advantages, b.returns, b.weights, None, linear_gae)
             b.rewards, b.advantages, b.returns, b.weights = out.rewards, out.advantages, out.returns, out.weights
 
-    def update(self, b: Rollout) -> dict[str, float]:  # noqa: C901 (to split)
+    def update(self, b: Rollout) -> dict[str, float]:
         """``update_epochs`` passes of minibatch PPO over the flattened rollout."""
         cfg = self.cfg
         B, M = cfg.batch_size, cfg.minibatch_size
         R, T = b.rewards.shape
-        obs, act = b.obs.reshape(B, -1), b.actions.reshape(B, *self.act_shape)
-        old_logp, old_v, ret = b.logp.reshape(B), b.values.reshape(B), b.returns.reshape(B)
         adv = b.advantages.reshape(B)
         if b.weights is not None:
             adv = adv * b.weights.reshape(B)
+        flat = _Flat(b.obs.reshape(B, -1), b.actions.reshape(B, *self.act_shape), b.logp.reshape(B),
+                     b.values.reshape(B), b.returns.reshape(B), adv)
         if cfg.anneal_lr:
             self.optimizer.param_groups[0]["lr"] = (1.0 - (self.update_idx - 1) / cfg.num_updates) * cfg.learning_rate
-        usable = self.finite("the observations", obs) and self.finite("the advantages", adv)
+        usable = self.finite("the observations", flat.obs) and self.finite("the advantages", flat.adv)
         acc = torch.zeros(7)
         n = 0
         aux = [m for m in self.methods if m.has_aux_loss]
         for _ in range(cfg.update_epochs if usable else 0):
             perm = torch.randperm(B, generator=self.gen)
             for start in range(0, B, M):
-                idx = perm[start:start + M]
-                logp, ent, v = self.model.evaluate(obs[idx], act[idx])
-                mb_adv = adv[idx]
-                if cfg.norm_adv:
-                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                pg, st = ppo_policy_loss(logp, old_logp[idx], mb_adv, None, cfg.clip_coef, cfg.clip_coef_high)
-                vl = value_loss(v, old_v[idx], ret[idx], None, cfg.clip_coef if cfg.clip_vloss else None)
-                entropy = ent.mean()
-                loss = pg - cfg.ent_coef * entropy + cfg.vf_coef * vl
-                for runner in aux:  # a method's own loss on this minibatch, in its batch's [rows, steps] terms
-                    extra = runner.aux_loss(AuxInputs(idx // T, idx % T, logp, old_logp[idx], (R, T)))
-                    if extra is not None:
-                        loss = loss + extra
+                loss, row, st = self._minibatch_loss(flat, perm[start:start + M], (R, T), aux)
                 if not self.finite("the loss", loss.detach(), f"epoch minibatch starting at {start}"):
                     continue
-                for group in self.optimizer.param_groups:  # zero_grad(set_to_none=True), without its wrappers
-                    for p in group["params"]:
-                        p.grad = None
-                loss.backward()
-                clip_grad_norm(self.model.parameters(), cfg.max_grad_norm)
-                self.optimizer.step()
-                acc += torch.stack([pg.detach(), vl.detach(), entropy.detach(), st["old_approx_kl"],
-                                    st["approx_kl"], st["clipfrac"], st["clip_binding_frac"]])
+                self._step(loss)
+                acc += row
                 n += 1
             if n and cfg.target_kl is not None and float(st["approx_kl"]) > cfg.target_kl:
                 break
@@ -272,10 +268,41 @@ class PPO(EnvTrainer):
         out = {"charts/learning_rate": self.optimizer.param_groups[0]["lr"], "losses/policy_loss": pg,
                "losses/value_loss": vl, "losses/entropy": ent, "losses/old_approx_kl": okl,
                "losses/approx_kl": kl, "losses/clipfrac": cf, "losses/clip_binding_frac": cb,
-               "losses/explained_variance": explained_variance(old_v, ret)}
+               "losses/explained_variance": explained_variance(flat.old_v, flat.ret)}
         if getattr(self, "skipped", 0):
             out["health/skipped"] = self.skipped
         return out
+
+    def _minibatch_loss(self, f: _Flat, idx: Tensor, shape: tuple[int, int], aux: list[MethodRunner]
+                        ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """The PPO loss of the flattened steps ``idx`` (clipped policy term, value loss, entropy bonus, each method's
+        auxiliary loss), its logged terms stacked, and the policy term's stats."""
+        cfg = self.cfg
+        R, T = shape
+        logp, ent, v = self.model.evaluate(f.obs[idx], f.act[idx])
+        mb_adv = f.adv[idx]
+        if cfg.norm_adv:
+            mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+        pg, st = ppo_policy_loss(logp, f.old_logp[idx], mb_adv, None, cfg.clip_coef, cfg.clip_coef_high)
+        vl = value_loss(v, f.old_v[idx], f.ret[idx], None, cfg.clip_coef if cfg.clip_vloss else None)
+        entropy = ent.mean()
+        loss = pg - cfg.ent_coef * entropy + cfg.vf_coef * vl
+        for runner in aux:  # a method's own loss on this minibatch, in its batch's [rows, steps] terms
+            extra = runner.aux_loss(AuxInputs(idx // T, idx % T, logp, f.old_logp[idx], (R, T)))
+            if extra is not None:
+                loss = loss + extra
+        row = torch.stack([pg.detach(), vl.detach(), entropy.detach(), st["old_approx_kl"], st["approx_kl"],
+                           st["clipfrac"], st["clip_binding_frac"]])
+        return loss, row, st
+
+    def _step(self, loss: Tensor) -> None:
+        """Backpropagate, clip the gradients to ``max_grad_norm`` and step."""
+        for group in self.optimizer.param_groups:  # zero_grad(set_to_none=True), without its wrappers
+            for p in group["params"]:
+                p.grad = None
+        loss.backward()
+        clip_grad_norm(self.model.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
 
     def iteration(self) -> dict[str, Any]:
         """One rollout + advantage estimate + methods + update; returns this update's metrics."""

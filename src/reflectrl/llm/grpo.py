@@ -87,35 +87,15 @@ class GRPO(PolicyUpdate, Trainer):
     resume_cmd = "reflectrl llm train --resume"
     extra_logs = (SAMPLES,)
 
-    def __init__(self, config: GRPOConfig, hooks: Sequence[GRPOHook] | None = None,  # noqa: C901 (to split)
+    def __init__(self, config: GRPOConfig, hooks: Sequence[GRPOHook] | None = None,
                  methods: list[MethodRunner] | Callable[[GRPO], list[MethodRunner]] | None = None):
         """``methods``: the runners, or a function of the trainer that builds them once the policy is loaded
         (their heads read its hidden size)."""
         t_setup = time.perf_counter()
-        config.validate()
-        self.algo_name = config.algo
-        self.task = with_self_report(get_task(config.task, **config.task_kwargs()), config.self_report)
-        if hasattr(self.task, "sandbox_batch"):
-            self.task.sandbox_batch = config.sandbox_batch
-        # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load);
-        # a local model path is recorded absolute, so the run resumes and evaluates from any folder
-        config = dataclasses.replace(config, model=absolute_model(config.model),
-                                     task_options=absolute_option_paths(config.task_options))
-        self.cfg = cfg = config.resolved(self.task, chat=uses_chat(config.model, config.chat))
+        self.cfg = cfg = self._configure(config)
         check_engine(cfg.engine)
         self.dist, device = from_env(cfg.device)  # torchrun: this process's rank and device (one process: as given)
-        turns, budget = cfg.max_turns, cfg.max_response_tokens
-        self.hooks: list[GRPOHook] = list(hooks or [])
-        self.methods: list[MethodRunner] = [] if callable(methods) else list(methods or [])
-        self.needs: set[str] = set().union(*(set(h.needs) for h in self.hooks))
-        if cfg.max_gen_batches != 1 and any(h.changes_batch for h in self.hooks):
-            raise ConfigError(f"--max-gen-batches refills a batch, but --algo {cfg.algo} composes its own batches "
-                              "(replayed rows); leave --max-gen-batches at 1")
-        if methods:
-            self.needs.add("hidden")
-        self.critic = "values" in adv_est_requires(cfg.adv_estimator)
-        if self.critic:
-            self.needs.add("hidden")
+        self._compose(list(hooks or []), methods)
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
@@ -125,30 +105,13 @@ class GRPO(PolicyUpdate, Trainer):
         if cfg.eval_interval:
             self.task.problems(cfg.eval_split)  # a split the task lacks fails here, before any work
         self.problems_by_id = {p.id: p for p in self.train_problems}
-        self.policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                                  lora_dropout=cfg.lora_dropout, ref=cfg.kl_coef > 0 or "ref_logp" in self.needs,
-                                  dtype=cfg.dtype, device=device, chat=cfg.chat, savable=True)
-        self.policy.attention = cfg.attention
-        if self.critic:
-            self.policy.add_head(VALUE_HEAD)
-        if callable(methods):
-            self.methods = list(methods(self))
-        for h in self.hooks:
-            h.setup(self)
-        check_provided(self.hooks, [(r.name, k) for r in self.methods for k in r.reads])
+        self._load_policy(device, methods)
         if self.dist.active:
             self._check_distributed()
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=cfg.learning_rate,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay)
-        inner = self.task.task if isinstance(self.task, SelfReportTask) else self.task
-        multi = bool(getattr(inner, "multi_turn", False))  # the task's own turns (a self-report turn aside)
-        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k,
-                                  **{**default_engine_options(cfg.engine, multi), **cfg.engine_kwargs()})
-        self.rollout = Rollout(self.policy, self.engine, self.task, cfg.max_new_tokens, turns, budget, cfg.gen_batch,
-                               cfg.reward_workers, reward_cache=cfg.reward_cache,
-                               batch_scoring=cfg.sandbox_batch > 1)
-        self.adv_fn = get_adv_est(cfg.adv_estimator)
+        self._build_rollout()
         # merging identical rows is exact for the built-in loss terms; a method's own terms would not see the counts
         self._dedupe = cfg.dedupe and not any(m.has_aux_loss for m in self.methods) and "hidden_grad" not in self.needs
         self._batch_shape = (0, 0)
@@ -161,6 +124,65 @@ class GRPO(PolicyUpdate, Trainer):
         if self.dist.active:
             self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))  # rank 0's (a default one has a time)
         self._setup_s = time.perf_counter() - t_setup  # loading the model and task, before wall_s starts
+
+    def _configure(self, config: GRPOConfig) -> GRPOConfig:
+        """Validate ``config``, load its task (with the self-report turn asked for) and resolve the settings that
+        follow the task and the model."""
+        config.validate()
+        self.algo_name = config.algo
+        self.task = with_self_report(get_task(config.task, **config.task_kwargs()), config.self_report)
+        if hasattr(self.task, "sandbox_batch"):
+            self.task.sandbox_batch = config.sandbox_batch
+        # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load);
+        # a local model path is recorded absolute, so the run resumes and evaluates from any folder
+        config = dataclasses.replace(config, model=absolute_model(config.model),
+                                     task_options=absolute_option_paths(config.task_options))
+        return config.resolved(self.task, chat=uses_chat(config.model, config.chat))
+
+    def _compose(self, hooks: list[GRPOHook],
+                 methods: list[MethodRunner] | Callable[[GRPO], list[MethodRunner]] | None) -> None:
+        """Take the hooks and methods, and what they need of the no-grad pass; refuse what cannot go together."""
+        cfg = self.cfg
+        self.hooks = hooks
+        self.methods: list[MethodRunner] = [] if callable(methods) else list(methods or [])
+        self.needs: set[str] = set().union(*(set(h.needs) for h in self.hooks))
+        if cfg.max_gen_batches != 1 and any(h.changes_batch for h in self.hooks):
+            raise ConfigError(f"--max-gen-batches refills a batch, but --algo {cfg.algo} composes its own batches "
+                              "(replayed rows); leave --max-gen-batches at 1")
+        if methods:
+            self.needs.add("hidden")
+        self.critic = "values" in adv_est_requires(cfg.adv_estimator)
+        if self.critic:
+            self.needs.add("hidden")
+
+    def _load_policy(self, device: str, methods: list[MethodRunner] | Callable[[GRPO], list[MethodRunner]] | None
+                     ) -> None:
+        """Load the policy (and its reference and critic head when needed), build the methods that read its size,
+        set up the hooks, and check that every field a method reads is provided."""
+        cfg = self.cfg
+        self.policy = load_policy(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                                  lora_dropout=cfg.lora_dropout, ref=cfg.kl_coef > 0 or "ref_logp" in self.needs,
+                                  dtype=cfg.dtype, device=device, chat=cfg.chat, savable=True)
+        self.policy.attention = cfg.attention
+        if self.critic:
+            self.policy.add_head(VALUE_HEAD)
+        if callable(methods):
+            self.methods = list(methods(self))
+        for h in self.hooks:
+            h.setup(self)
+        check_provided(self.hooks, [(r.name, k) for r in self.methods for k in r.reads])
+
+    def _build_rollout(self) -> None:
+        """The generation engine and the rollout over the task's turns."""
+        cfg = self.cfg
+        inner = self.task.task if isinstance(self.task, SelfReportTask) else self.task
+        multi = bool(getattr(inner, "multi_turn", False))  # the task's own turns (a self-report turn aside)
+        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k,
+                                  **{**default_engine_options(cfg.engine, multi), **cfg.engine_kwargs()})
+        self.rollout = Rollout(self.policy, self.engine, self.task, cfg.max_new_tokens, cfg.max_turns,
+                               cfg.max_response_tokens, cfg.gen_batch, cfg.reward_workers, reward_cache=cfg.reward_cache,
+                               batch_scoring=cfg.sandbox_batch > 1)
+        self.adv_fn = get_adv_est(cfg.adv_estimator)
 
     def _check_distributed(self) -> None:
         """Under torchrun: refuse what would differ between the processes; give every process rank 0's weights."""

@@ -6,6 +6,7 @@ the gradient sum of :mod:`reflectrl.llm.distributed`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,6 +43,23 @@ def tis_weights(trainer_logp: Tensor, engine_logp: Tensor, mask: Tensor, cap: fl
     return w, {"rollout/engine_logp_mean": float(masked_mean(eng, m)), "rollout/trainer_logp_mean": float(masked_mean(tr, m)),
                "rollout/engine_trainer_kl": float(masked_mean(approx_kl(eng, tr, "k3"), m)),
                "rollout/tis_capped_frac": float(masked_mean(capped, m)), "rollout/tis_weight_mean": float(masked_mean(w, m))}
+
+
+@dataclass
+class _Micro:
+    """What every term of a micro-batch's loss shares: the device, the policy-token mask, the old log-probs, the
+    (shaped, weighted) advantages, the loss mask and row weights of the multiplicities, the rescaling of the per-row
+    modes, the statistics' mask, and whether the aggregation is token-mean."""
+
+    dev: torch.device
+    mask: Tensor
+    old: Tensor
+    adv: Tensor
+    m_loss: Tensor
+    row_w: Tensor
+    scale: float
+    m_stat: Tensor
+    token_mean: bool
 
 
 class PolicyUpdate:
@@ -87,18 +105,26 @@ class PolicyUpdate:
         order = first.argsort()
         return mb.select(first[order]), counts[order].float()
 
-    def micro_loss(self, mb: TokenBatch, counts: torch.Tensor | None = None  # noqa: C901 (to split)
-                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def micro_loss(self, mb: TokenBatch, counts: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of one micro-batch, aggregated as configured; row r stands for ``counts[r]`` identical
-        rows when given (:meth:`distinct_rows`)."""
+        rows when given (:meth:`distinct_rows`): the policy term, then the entropy, KL and value terms, then each
+        method's auxiliary loss, added in that order."""
         cfg = self.cfg
         want_hidden = "hidden_grad" in self.needs or mb.values is not None
         report_w = mb.extras.get(REPORT_ENTROPY)  # [R, C]: report_entropy_coef on the self-report turn's tokens
         out = self.policy.forward_batch(mb, with_entropy=True, with_hidden=want_hidden, temperature=cfg.temperature,
                                         entropy_grad=cfg.entropy_coef > 0 or report_w is not None)
-        dev = out.logp.device
+        m = self._micro_weights(mb, out.logp, counts)
+        loss, stats = self._policy_term(mb, out, m, counts)
+        loss = self._regularizers(loss, stats, mb, out, m, report_w)
+        return self._method_terms(loss, mb, out, m), stats
+
+    def _micro_weights(self, mb: TokenBatch, logp: Tensor, counts: Tensor | None) -> _Micro:
+        """The masks, row weights and rescaling that make ``counts``-weighted distinct rows equal the full rows."""
+        cfg = self.cfg
+        dev = logp.device
         mask = mb.completion_mask.float().to(dev)
-        old = mb.old_logp.to(dev) if mb.old_logp is not None else out.logp.detach()
+        old = mb.old_logp.to(dev) if mb.old_logp is not None else logp.detach()
         adv = (mb.advantages if mb.weights is None else mb.advantages * mb.weights).to(dev)
         tis = mb.extras.get(TIS_WEIGHT)
         if tis is not None:  # each token's policy-loss term times its importance weight (w > 0: the same as on A)
@@ -110,43 +136,91 @@ class PolicyUpdate:
         row_w = torch.ones_like(c[:, None]) if token_mean else c[:, None]
         has = (mask.sum(1) > 0).float()
         scale = 1.0 if token_mean or counts is None else float(has.sum() / (has * c).sum())
-        m_stat = mask * c[:, None]
+        return _Micro(dev, mask, old, adv, m_loss, row_w, scale, mask * c[:, None], token_mean)
 
-        def agg(x: torch.Tensor) -> torch.Tensor:
-            return agg_loss(x * row_w, m_loss, cfg.loss_agg_mode, cfg.norm_len) * scale
+    def _agg(self, x: Tensor, m: _Micro) -> Tensor:
+        return agg_loss(x * m.row_w, m.m_loss, self.cfg.loss_agg_mode, self.cfg.norm_len) * m.scale
 
+    def _policy_term(self, mb: TokenBatch, out: Any, m: _Micro, counts: Tensor | None
+                     ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The registered policy loss on :class:`LossInputs` (with the loss fields of ``mb.extras``), and its stats
+        (token-weighted when rows carry multiplicities)."""
+        cfg = self.cfg
         loss_fn, lc = get_policy_loss(cfg.policy_loss), self.loss_config()
-        li = LossInputs(old, out.logp, adv * row_w, m_loss, {k: v.to(dev) for k, v in read_by(mb.extras, "loss").items()})
+        li = LossInputs(m.old, out.logp, m.adv * m.row_w, m.m_loss,
+                        {k: v.to(m.dev) for k, v in read_by(mb.extras, "loss").items()})
         loss, st = loss_fn(li.old_logp, li.logp, li.advantages, li.mask, cfg.loss_agg_mode, lc, **li.extra)
-        loss = loss * scale
-        if counts is not None and not token_mean:  # token-weighted diagnostics
-            _, st = loss_fn(old, out.logp.detach(), adv, m_stat, "token-mean", lc, **li.extra)
-        stats = {"losses/policy_loss": loss.detach(), "losses/entropy": masked_mean(out.entropy.detach(), m_stat),
+        loss = loss * m.scale
+        if counts is not None and not m.token_mean:  # token-weighted diagnostics
+            _, st = loss_fn(m.old, out.logp.detach(), m.adv, m.m_stat, "token-mean", lc, **li.extra)
+        stats = {"losses/policy_loss": loss.detach(), "losses/entropy": masked_mean(out.entropy.detach(), m.m_stat),
                  **{f"losses/{k}": v for k, v in st.items() if k != "old_approx_kl"}}
+        return loss, stats
+
+    def _regularizers(self, loss: Tensor, stats: dict[str, Tensor], mb: TokenBatch, out: Any, m: _Micro,
+                      report_w: Tensor | None) -> Tensor:
+        """``loss`` with the entropy bonuses (all tokens; the self-report turn's), the KL to the reference and the
+        critic's value loss added, each as configured; their stats go into ``stats``."""
+        cfg = self.cfg
         if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * agg(out.entropy)
+            loss = loss - cfg.entropy_coef * self._agg(out.entropy, m)
         if report_w is not None:
-            w = report_w.to(dev)
-            loss = loss - agg(out.entropy * w)
-            stats["losses/report_entropy"] = masked_mean(out.entropy.detach(), m_stat * (w > 0))
+            w = report_w.to(m.dev)
+            loss = loss - self._agg(out.entropy * w, m)
+            stats["losses/report_entropy"] = masked_mean(out.entropy.detach(), m.m_stat * (w > 0))
         if mb.ref_logp is not None:
-            kl = approx_kl(out.logp, mb.ref_logp.to(dev), cfg.kl_estimator)
-            stats["losses/kl"] = masked_mean(kl.detach(), m_stat)
+            kl = approx_kl(out.logp, mb.ref_logp.to(m.dev), cfg.kl_estimator)
+            stats["losses/kl"] = masked_mean(kl.detach(), m.m_stat)
             if cfg.kl_coef > 0:
-                loss = loss + cfg.kl_coef * agg(kl)
+                loss = loss + cfg.kl_coef * self._agg(kl, m)
         if mb.values is not None:  # the critic of --adv-estimator gae: a value head on the hidden states
             v = self.policy.head(VALUE_HEAD, out.hidden).float()
-            vl = value_loss(v, mb.values.to(dev), mb.returns.to(dev), m_stat, cfg.value_clip)
+            vl = value_loss(v, mb.values.to(m.dev), mb.returns.to(m.dev), m.m_stat, cfg.value_clip)
             stats["losses/value_loss"] = vl.detach()
             loss = loss + cfg.vf_coef * vl
+        return loss
+
+    def _method_terms(self, loss: Tensor, mb: TokenBatch, out: Any, m: _Micro) -> Tensor:
+        """``loss`` plus each method's auxiliary loss on this micro-batch's policy tokens."""
         rows = mb.extras.get(ROW_ID)
         for runner in self.methods:
             if runner.has_aux_loss and rows is not None:
-                r, t = mask.bool().nonzero(as_tuple=True)
-                extra = runner.aux_loss(AuxInputs(rows.to(dev)[r], t, out.logp[r, t], old[r, t], self._batch_shape))
+                r, t = m.mask.bool().nonzero(as_tuple=True)
+                extra = runner.aux_loss(AuxInputs(rows.to(m.dev)[r], t, out.logp[r, t], m.old[r, t], self._batch_shape))
                 if extra is not None:
                     loss = loss + extra
-        return loss, stats
+        return loss
+
+    def _accumulate(self, mb: TokenBatch | None, norm: float, steps: int) -> tuple[bool, dict[str, float]]:
+        """Backpropagate one minibatch's micro-batches, each loss weighted by its share of ``norm``; whether every
+        loss was finite, and the weighted sums of their stats."""
+        acc: dict[str, float] = {}
+        for micro_rows in torch.tensor_split(torch.arange(mb.rows if mb is not None else 0), self.cfg.grad_accum):
+            if mb is None or not micro_rows.numel():
+                continue
+            micro = mb.select(micro_rows)
+            w = self._normalizer(micro) / norm
+            if w == 0:
+                continue
+            rows, counts = self.distinct_rows(micro) if self._dedupe else (micro, None)
+            loss, st = self.micro_loss(rows, counts)
+            finite = (bool(torch.isfinite(loss.detach()).all()) if self.dist.active
+                      else self.finite("the loss", loss.detach(), f"minibatch {steps + 1}"))
+            if not finite:
+                return False, acc
+            (loss * w).backward()
+            for k, v in st.items():
+                acc[k] = acc.get(k, 0.0) + w * float(v)
+        return True, acc
+
+    def _step(self, params: list[torch.nn.Parameter]) -> float:
+        """Clip the gradients (``max_grad_norm`` > 0) and step; the gradient norm before the clip."""
+        if self.cfg.max_grad_norm > 0:
+            gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        else:
+            gn = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        self.optimizer.step()
+        return float(gn)
 
     def engine_correction(self, batch: TokenBatch) -> dict[str, float]:
         """When the engine gave its log-probs (``extras[ENGINE_LOGP]``) and the no-grad pass the trainer's
@@ -178,7 +252,7 @@ class PolicyUpdate:
         self.dist.sum_grads_(params)
         return True
 
-    def update(self, batch: TokenBatch | None) -> dict[str, float]:  # noqa: C901 (to split)
+    def update(self, batch: TokenBatch | None) -> dict[str, float]:
         """``ppo_epochs`` passes of ``minibatches`` optimizer steps, each accumulated over ``grad_accum``
         micro-batches whose losses are weighted to equal the loss of the whole minibatch. Under torchrun the
         weights are of the global minibatch (the processes' normalizers summed) and the gradients are summed
@@ -203,35 +277,12 @@ class PolicyUpdate:
                 if norm == 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
-                acc: dict[str, float] = {}
-                ok = True
-                for micro_rows in torch.tensor_split(torch.arange(mb.rows if mb is not None else 0), cfg.grad_accum):
-                    if mb is None or not micro_rows.numel():
-                        continue
-                    micro = mb.select(micro_rows)
-                    w = self._normalizer(micro) / norm
-                    if w == 0:
-                        continue
-                    rows, counts = self.distinct_rows(micro) if self._dedupe else (micro, None)
-                    loss, st = self.micro_loss(rows, counts)
-                    finite = (bool(torch.isfinite(loss.detach()).all()) if dist.active
-                              else self.finite("the loss", loss.detach(), f"minibatch {steps + 1}"))
-                    if not finite:
-                        ok = False
-                        break
-                    (loss * w).backward()
-                    for k, v in st.items():
-                        acc[k] = acc.get(k, 0.0) + w * float(v)
+                ok, acc = self._accumulate(mb, norm, steps)
                 if dist.active:
                     ok = self._sum_grads(params, ok, steps)
                 if not ok:
                     continue
-                if cfg.max_grad_norm > 0:
-                    gn = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                else:
-                    gn = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-                self.optimizer.step()
-                acc["losses/grad_norm"] = float(gn)
+                acc["losses/grad_norm"] = self._step(params)
                 for k, v in acc.items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1

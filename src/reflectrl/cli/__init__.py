@@ -32,12 +32,9 @@ def _train_front(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def cmd_train(argv: list[str]) -> int:
     """``reflectrl train``: new run (the algo's config flags, optionally on a preset) or ``--resume``."""
-    import tyro
-
     from ..algos import algo_names, get_algo
     from ..control.config import PRESETS
-    from ..runlog import ensure_writable_dir, guard_folder
-    from .util import print_json, resume_from_cli
+    from .util import config_from_flags, print_json, resume_from_cli
 
     front, rest = _train_front(argv)
     if "-h" in rest or "--help" in rest:
@@ -56,11 +53,7 @@ def cmd_train(argv: list[str]) -> int:
                 raise ConfigError(f"preset {front.preset!r} sets {', '.join(unknown)}, which --algo {algo.name} "
                                   "does not have; presets are for the PPO-family algos")
             default = algo.config_cls(**PRESETS[front.preset])
-        cfg = tyro.cli(algo.config_cls, args=rest, default=default, prog=f"reflectrl train --algo {algo.name}")
-        if cfg.run_dir:
-            guard_folder(cfg.run_dir, "control run", "--run-dir")
-            ensure_writable_dir(cfg.run_dir, "--run-dir", create=False)
-        trainer = algo.make(cfg)
+        trainer = algo.make(config_from_flags(default, rest, f"reflectrl train --algo {algo.name}", "control"))
     print_json(trainer.learn())
     return 0
 

@@ -105,12 +105,9 @@ def _train_front(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def cmd_train(argv: list[str]) -> int:
-    import tyro
-
     from ..algos import algo_names, get_algo
-    from ..runlog import ensure_writable_dir, guard_folder
     from ..tasks.base import parse_options
-    from .util import foreign_flags, merge_task_options, print_json, resume_from_cli
+    from .util import config_from_flags, foreign_flags, merge_task_options, print_json, resume_from_cli
 
     front, rest = _train_front(argv)
     if "-h" in rest or "--help" in rest:
@@ -125,14 +122,12 @@ def cmd_train(argv: list[str]) -> int:
         parse_options(front.set)  # one clear error for a malformed KEY=VALUE
         # the defaults that follow the model and LoRA (learning rate, group size, temperature): explicit flags win
         default = algo.config(task_options=tuple(front.set), **_model_flags(rest))
-        cfg = tyro.cli(type(default), args=rest, default=default, prog=f"reflectrl llm train --algo {algo.name}")
+        # under torchrun, one process probes the run directory
+        cfg = config_from_flags(default, rest, f"reflectrl llm train --algo {algo.name}", "llm", _rank() == 0)
         if front.set and cfg.task_options != default.task_options:  # --task-options too: aliases that must agree
             cfg = dataclasses.replace(cfg, task_options=merge_task_options(("--set", front.set),
                                                                            ("--task-options", cfg.task_options)))
         check_device(cfg.device)
-        if cfg.run_dir and _rank() == 0:  # under torchrun, one process probes the run directory
-            guard_folder(cfg.run_dir, "llm run", "--run-dir")
-            ensure_writable_dir(cfg.run_dir, "--run-dir", create=False)
         trainer = algo.make(cfg)
     summary = trainer.learn()
     if _rank() == 0:  # under torchrun, one summary line

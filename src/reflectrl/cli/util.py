@@ -78,6 +78,21 @@ def foreign_flags(rest: Sequence[str], kind: str, algo: str) -> None:
             raise ConfigError(f"{flag} is a flag of --algo {', '.join(takers)}, not of --algo {algo}")
 
 
+def config_from_flags(default: Any, rest: list[str], prog: str, kind: str, probe_run_dir: bool = True) -> Any:
+    """The config of a new run: ``default`` (an algo's config, with any preset or implied defaults) updated by the
+    flags ``rest``; a ``--run-dir`` it names is refused in one line when it holds something of another kind or
+    cannot be written (``probe_run_dir`` False: another process checks it)."""
+    import tyro
+
+    from ..runlog import ensure_writable_dir, guard_folder
+
+    cfg = tyro.cli(type(default), args=rest, default=default, prog=prog)
+    if cfg.run_dir and probe_run_dir:
+        guard_folder(cfg.run_dir, f"{kind} run", "--run-dir")
+        ensure_writable_dir(cfg.run_dir, "--run-dir", create=False)
+    return cfg
+
+
 def merge_task_options(*given: tuple[str, Sequence[str]]) -> tuple[str, ...]:
     """One list of task options from the flags that give them (``--set``, ``--task-options``, ``--task-option``:
     aliases), in order, each KEY once; ConfigError naming both flags when one KEY gets two values."""

@@ -63,13 +63,13 @@ def test_per_step_ece_and_auroc_by_hand():
     episodes = [([{"kind": "search", "confidence": 0.8}, {"kind": "answer", "confidence": 0.6}], True),
                 ([{"kind": "search", "confidence": 0.6}, {"kind": "answer", "confidence": 0.2},
                   {"confidence": 0.9, "self_report": "confidence"}], False)]
-    m = _episode_metrics(episodes)
+    m = _episode_metrics(episodes, ("search",))  # rag's tool kind
     # pairs (q, y): (0.8, 1), (0.6, 1), (0.6, 0), (0.2, 0); AUROC: 0.8 and 0.6 beat 0.2, 0.8 beats 0.6, 0.6 ties 0.6
     assert m["step_auroc"] == pytest.approx((1 + 1 + 1 + 0.5) / 4)
     # 10 bins: [0.2] -> |0.2 - 0|, [0.6, 0.6] -> |0.6 - 0.5|, [0.8] -> |0.8 - 1|, weighted by counts
     assert m["step_ece"] == pytest.approx((0.2 + 2 * 0.1 + 0.2) / 4)
     assert m["step_reports"] == 2.0 and m["tool_calls"] == 1.0
-    one = _episode_metrics([([{"kind": "answer", "confidence": 0.7}], True)])
+    one = _episode_metrics([([{"kind": "answer", "confidence": 0.7}], True)], ("search",))
     assert one["step_auroc"] is None and math.isclose(one["step_ece"], 0.3)  # one outcome only: no AUROC
 
 

@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def _number(v: Any) -> float | None:
     return None
 
 
-def parse_row(obj: Any) -> tuple[float, float | None, float | None]:  # noqa: C901 (to split)
+def parse_row(obj: Any) -> tuple[float, float | None, float | None]:
     """``(correct, reflection, confidence)`` of one row: a report not asked is None, one asked but missing NaN;
     ValueError saying what is wrong."""
     if not isinstance(obj, dict):
@@ -42,34 +43,37 @@ def parse_row(obj: Any) -> tuple[float, float | None, float | None]:  # noqa: C9
     last = obj["infos"][-1] if isinstance(obj.get("infos"), list) and obj["infos"] and \
         isinstance(obj["infos"][-1], dict) else {}
     src = {**last, **{k: v for k, v in obj.items() if k in ("correct", "acc", "reflection", "confidence", "self_report")}}
-    if "correct" in src:
-        y = _number(src["correct"])
-        if y is None or y not in (0.0, 1.0):
-            raise ValueError(f"correct must be true/false or 1/0, got {src['correct']!r}")
-    elif "acc" in src:
-        y = _number(src["acc"])
-        if y is None or y not in (0.0, 1.0):
-            raise ValueError(f"acc must be 1.0 or 0.0, got {src['acc']!r}")
-    else:
-        raise ValueError("no correctness: give correct (true/false) or acc (1/0)")
+    y = _correctness(src)
     asked = src.get("self_report")
-    out: list[float | None] = []
-    for key, kind, ok in (("reflection", "reflect", lambda v: v in (0.0, 1.0)), ("confidence", "confidence",
-                                                                                 lambda v: 0.0 <= v <= 1.0)):
-        if key not in src and asked != kind:
-            out.append(None)
-            continue
-        raw = src.get(key)
-        v = None if raw is None else _number(raw)
-        if raw is None or v == -1.0:
-            out.append(math.nan)  # asked, not stated
-        elif v is None or not ok(v):
-            raise ValueError(f"{key} out of range: {raw!r}")
-        else:
-            out.append(v)
-    if out[0] is None and out[1] is None:
+    refl = _report(src, "reflection", asked == "reflect", lambda v: v in (0.0, 1.0))
+    conf = _report(src, "confidence", asked == "confidence", lambda v: 0.0 <= v <= 1.0)
+    if refl is None and conf is None:
         raise ValueError("neither a reflection nor a confidence (nor a self_report naming one)")
-    return y, out[0], out[1]
+    return y, refl, conf
+
+
+def _correctness(src: dict[str, Any]) -> float:
+    """A row's correctness, 1.0 or 0.0, from ``correct`` (true/false, 1/0) or ``acc`` (1.0/0.0)."""
+    for key, form in (("correct", "true/false or 1/0"), ("acc", "1.0 or 0.0")):
+        if key in src:
+            y = _number(src[key])
+            if y is None or y not in (0.0, 1.0):
+                raise ValueError(f"{key} must be {form}, got {src[key]!r}")
+            return y
+    raise ValueError("no correctness: give correct (true/false) or acc (1/0)")
+
+
+def _report(src: dict[str, Any], key: str, asked: bool, ok: Callable[[float], bool]) -> float | None:
+    """One report of a row: None when not asked (nor given), NaN when asked and not stated, else its value."""
+    if key not in src and not asked:
+        return None
+    raw = src.get(key)
+    v = None if raw is None else _number(raw)
+    if raw is None or v == -1.0:
+        return math.nan  # asked, not stated
+    if v is None or not ok(v):
+        raise ValueError(f"{key} out of range: {raw!r}")
+    return v
 
 
 def read_rows(path: Path, skip_bad: bool = False) -> tuple[list[tuple[float, float | None, float | None]], list[str]]:

@@ -157,9 +157,39 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0") or 0)
 
 
-def cmd_eval(argv: list[str]) -> int:  # noqa: C901 (to split)
+def cmd_eval(argv: list[str]) -> int:
     from ..llm.evaluate import evaluate
 
+    a = _eval_parser().parse_args(argv)
+    _check_eval_args(a, argv)
+    res = evaluate(a.model_or_run_dir, a.task, a.split, a.samples, n=a.n, temperature=a.temperature, limit=a.limit,
+                   max_new_tokens=a.max_new_tokens, max_turns=a.max_turns, confidence=a.confidence, seed=a.seed,
+                   self_report=a.self_report, task_options=None if a.set is None else tuple(a.set),
+                   device=a.device, chat=a.chat, model=a.model, transcripts=a.transcripts is not None,
+                   progress=not a.no_progress)
+    episodes = res.pop("episodes", None)
+    if a.transcripts is not None:
+        from pathlib import Path
+
+        Path(a.transcripts).parent.mkdir(parents=True, exist_ok=True)
+        with open(a.transcripts, "w") as fh:
+            for ep in episodes or []:
+                fh.write(json.dumps(ep) + "\n")
+    for line in report_warnings(res):
+        print(f"warning: {line}", file=sys.stderr)
+    if a.json:
+        print(json.dumps(res))
+    else:
+        lo, hi = res["ci"]
+        extra = "".join(f", {k} {v:.3f}" for k, v in res.items() if k.startswith("pass@") and not k.endswith("_ci"))
+        print(f"{a.model_or_run_dir} on {res['task']}/{res['split']}: accuracy {res['accuracy']:.3f} "
+              f"[{lo:.3f}, {hi:.3f}] ({res['mode']}, n={res['n']}){extra}")
+        for line in report_lines(res):
+            print(f"  {line}")
+    return 0
+
+
+def _eval_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reflectrl llm eval", description="Accuracy of a model directory or of an LLM "
                                  "run directory's latest checkpoint: greedy with a Wilson interval, or pass@k.")
     ap.add_argument("model_or_run_dir",
@@ -194,7 +224,11 @@ def cmd_eval(argv: list[str]) -> int:  # noqa: C901 (to split)
                     help="write every episode (problem id, correct, the environment's infos, the transcript) to FILE "
                          "as JSON lines")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (on stderr, with the time left)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def _check_eval_args(a: argparse.Namespace, argv: list[str]) -> None:
+    """One clear error for settings that cannot go together, before any model loads."""
     if a.transcripts is not None:
         from ..runlog import ensure_writable_file
 
@@ -211,31 +245,6 @@ def cmd_eval(argv: list[str]) -> int:  # noqa: C901 (to split)
         raise ConfigError("--samples needs --temperature > 0")
     check_seed(a.seed)
     check_device(a.device)
-    res = evaluate(a.model_or_run_dir, a.task, a.split, a.samples, n=a.n, temperature=a.temperature, limit=a.limit,
-                   max_new_tokens=a.max_new_tokens, max_turns=a.max_turns, confidence=a.confidence, seed=a.seed,
-                   self_report=a.self_report, task_options=None if a.set is None else tuple(a.set),
-                   device=a.device, chat=a.chat, model=a.model, transcripts=a.transcripts is not None,
-                   progress=not a.no_progress)
-    episodes = res.pop("episodes", None)
-    if a.transcripts is not None:
-        from pathlib import Path
-
-        Path(a.transcripts).parent.mkdir(parents=True, exist_ok=True)
-        with open(a.transcripts, "w") as fh:
-            for ep in episodes or []:
-                fh.write(json.dumps(ep) + "\n")
-    for line in report_warnings(res):
-        print(f"warning: {line}", file=sys.stderr)
-    if a.json:
-        print(json.dumps(res))
-    else:
-        lo, hi = res["ci"]
-        extra = "".join(f", {k} {v:.3f}" for k, v in res.items() if k.startswith("pass@") and not k.endswith("_ci"))
-        print(f"{a.model_or_run_dir} on {res['task']}/{res['split']}: accuracy {res['accuracy']:.3f} "
-              f"[{lo:.3f}, {hi:.3f}] ({res['mode']}, n={res['n']}){extra}")
-        for line in report_lines(res):
-            print(f"  {line}")
-    return 0
 
 
 def _fmt(x: Any) -> str:

@@ -17,7 +17,7 @@ import argparse
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,7 +178,42 @@ def build_grid(methods: Sequence[MethodSpec], tasks: Sequence[str], seeds: Seque
     return specs
 
 
-def main(argv: list[str]) -> int:  # noqa: C901 (to split)
+def _models(args: argparse.Namespace, out: Path, seeds: list[int], failures: list[str]) -> dict[tuple[str, int], str]:
+    """The model each (task, seed) starts from: ``--model``, or the comparison's own tiny models, built where missing
+    (a failed build goes into ``failures``)."""
+    if args.model is not None:
+        return {(t, s): str(Path(args.model).resolve()) for t in args.tasks for s in seeds}
+    if args.report_only:
+        return {(t, s): str(model_dir(out, t, s) / "warmup") for t in args.tasks for s in seeds}
+    models: dict[tuple[str, int], str] = {}
+    jobs = [(t, s) for t in args.tasks for s in seeds]
+    print(f"building {len(jobs)} tiny models (skipped where built)", flush=True)
+    with ThreadPoolExecutor(args.workers) as pool:
+        build = lambda j: build_model(out, *j, args.warmup_target, args.task_option, args.step_confidence)
+        for (t, s), (path, err) in zip(jobs, pool.map(build, jobs)):
+            models[(t, s)] = path
+            if err:
+                failures.append(f"model {t}/seed_{s}: {err}")
+                print(f"model {t}/seed_{s} failed: {err}", file=sys.stderr, flush=True)
+    return models
+
+
+def _train(todo: list[RunSpec], args: argparse.Namespace, on_result: Callable[[dict], None], out: Path) -> bool:
+    """Train and evaluate the runs to do on the chosen backend; False when interrupted (the runs are kept)."""
+    try:
+        if args.backend == "ray":
+            from .ray_backend import run_ray
+
+            run_ray(todo, args.workers, on_result)
+        else:
+            run_local(todo, args.workers, on_result)
+    except KeyboardInterrupt:
+        print(f"interrupted; run the same command again to resume (runs are kept in {out / 'runs'})", file=sys.stderr)
+        return False
+    return True
+
+
+def main(argv: list[str]) -> int:
     """``reflectrl llm compare``."""
     args = _parser().parse_args(argv)
     methods = _validate(args)
@@ -191,22 +226,8 @@ def main(argv: list[str]) -> int:  # noqa: C901 (to split)
     except OSError as exc:
         raise ReflectRLError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     seeds = list(range(1, args.seeds + 1))
-    models: dict[tuple[str, int], str] = {}
     failures: list[str] = []
-    if args.model is not None:
-        models = {(t, s): str(Path(args.model).resolve()) for t in args.tasks for s in seeds}
-    elif args.report_only:
-        models = {(t, s): str(model_dir(out, t, s) / "warmup") for t in args.tasks for s in seeds}
-    else:
-        jobs = [(t, s) for t in args.tasks for s in seeds]
-        print(f"building {len(jobs)} tiny models (skipped where built)", flush=True)
-        with ThreadPoolExecutor(args.workers) as pool:
-            build = lambda j: build_model(out, *j, args.warmup_target, args.task_option, args.step_confidence)
-            for (t, s), (path, err) in zip(jobs, pool.map(build, jobs)):
-                models[(t, s)] = path
-                if err:
-                    failures.append(f"model {t}/seed_{s}: {err}")
-                    print(f"model {t}/seed_{s} failed: {err}", file=sys.stderr, flush=True)
+    models = _models(args, out, seeds, failures)
     eval_args = ([] if args.self_report == "off" else ["--self-report", args.self_report]) + (
         ["--limit", str(args.eval_limit)] if args.eval_limit else [])
     specs = build_grid(methods, args.tasks, seeds, out, models, args.updates, extra, eval_args, args.retries,
@@ -235,18 +256,8 @@ def main(argv: list[str]) -> int:  # noqa: C901 (to split)
         else:
             print(f"run {res['name']} failed: {res['error']} (log: {res['log']})", file=sys.stderr, flush=True)
 
-    if not args.report_only and todo:
-        try:
-            if args.backend == "ray":
-                from .ray_backend import run_ray
-
-                run_ray(todo, args.workers, on_result)
-            else:
-                run_local(todo, args.workers, on_result)
-        except KeyboardInterrupt:
-            print(f"interrupted; run the same command again to resume (runs are kept in {out / 'runs'})",
-                  file=sys.stderr)
-            return 130
+    if not args.report_only and todo and not _train(todo, args, on_result, out):
+        return 130
     from .llm_report import write_llm_outputs
 
     notes = list(failures)

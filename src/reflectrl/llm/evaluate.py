@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, ReflectRLError
-from ..tasks.base import SPLITS, Task, get_task
+from ..tasks.base import SPLITS, Problem, Task, get_task
 from .config import response_budget
 from .engines import make_engine
 from .policy import Policy, load_policy
@@ -46,7 +47,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples: int = 0, n: int | None = None,  # noqa: C901 (to split)
+def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples: int = 0, n: int | None = None,
                     temperature: float = 1.0, max_new_tokens: int = 64, max_turns: int | None = None,
                     max_response_tokens: int | None = None, limit: int | None = None, gen_batch: int = 128,
                     seed: int = 0, confidence: float = 0.95, engine: str = "torch",
@@ -71,22 +72,58 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
         conf = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
                                max_response_tokens, limit, gen_batch, seed, confidence, engine, "confidence",
                                transcripts=transcripts, progress=progress)
-        out["reports"]["confidence"] = conf["reports"]["confidence"]
-        if transcripts:  # the episodes of both passes: each one's last info names the report it was asked for
-            out["episodes"] = out["episodes"] + conf.pop("episodes")
-        out.update({k: v for k, v in conf.items() if k not in out})
-        out["self_report"] = "both"
-        return out
+        return _merge_reports(out, conf, transcripts)
+    task, max_turns, max_response_tokens = _with_report_turn(task, self_report, max_turns, max_response_tokens)
+    problems = _eval_problems(task, split, samples, n, limit)
+    multi = bool(getattr(task, "multi_turn", False))
+    turns = max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
+    greedy = samples == 0
+    per = 1 if greedy else (n or samples)
+    ro = Rollout(policy, make_engine(engine, policy, temperature), task, max_new_tokens, turns,
+                 max_response_tokens or response_budget(max_new_tokens, turns, multi, policy.chat is not None),
+                 gen_batch, reward_workers=4)
+    title = f"eval {getattr(task, 'name', '')} {split}" + (f" ({self_report})" if self_report not in (None, "off") else "")
+    r = _roll_out(policy, ro, problems, per, greedy, torch.Generator().manual_seed(seed), gen_batch, transcripts,
+                  progress, title)
+    out: dict[str, Any] = {"task": getattr(task, "name", None), "split": split, "n": len(problems),
+                           "ci_level": confidence, "mean_score": float(r.scores.mean())}
+    if self_report not in (None, "off"):
+        out.update(_report_metrics(self_report, r.correct.reshape(-1), r.finals))
+    out.update(_episode_metrics(r.episodes, tuple(getattr(task, "tool_kinds", ()))))
+    if per_problem:
+        out["per_problem"] = r.correct.mean(1).tolist()
+    if transcripts:
+        out["episodes"] = r.kept
+    return {**out, **_accuracy(r.correct, greedy, per, samples, temperature, confidence)}
+
+
+def _merge_reports(out: dict[str, Any], conf: dict[str, Any], transcripts: bool) -> dict[str, Any]:
+    """The reflection pass's result with the confidence pass's reports and metrics added (``self_report`` both)."""
+    out["reports"]["confidence"] = conf["reports"]["confidence"]
+    if transcripts:  # the episodes of both passes: each one's last info names the report it was asked for
+        out["episodes"] = out["episodes"] + conf.pop("episodes")
+    out.update({k: v for k, v in conf.items() if k not in out})
+    out["self_report"] = "both"
+    return out
+
+
+def _with_report_turn(task: Task, self_report: str | None, max_turns: int | None, max_response_tokens: int | None
+                      ) -> tuple[Task, int | None, int | None]:
+    """``task`` with the self-report question asked after each episode (and a turn more to answer it), when asked."""
     if self_report not in (None, "off", "reflect", "confidence", "inline"):
         raise ConfigError(f"--self-report must be reflect, confidence, both or inline, got {self_report!r}")
-    if self_report not in (None, "off", "inline"):
-        from ..tasks.selfreport import with_self_report
+    if self_report in (None, "off", "inline"):
+        return task, max_turns, max_response_tokens
+    from ..tasks.selfreport import with_self_report
 
-        base_multi = bool(getattr(task, "multi_turn", False))
-        base_turns = max_turns or (int(getattr(task, "max_turns", 6)) if base_multi else 1)
-        task = with_self_report(task, self_report)
-        max_turns = base_turns + 1
-        max_response_tokens = None  # room for the question and the report: the multi-turn default
+    base_multi = bool(getattr(task, "multi_turn", False))
+    base_turns = max_turns or (int(getattr(task, "max_turns", 6)) if base_multi else 1)
+    # room for the question and the report: the multi-turn default budget
+    return with_self_report(task, self_report), base_turns + 1, None
+
+
+def _eval_problems(task: Task, split: str, samples: int, n: int | None, limit: int | None) -> list[Problem]:
+    """The problems of ``split`` (the first ``limit``), after the settings are checked."""
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if samples < 0 or (n is not None and n < max(samples, 1)):
@@ -96,25 +133,30 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
         problems = problems[:limit]
     if not problems:
         raise ConfigError(f"task {getattr(task, 'name', task)!r} has no {split} problems")
-    multi = bool(getattr(task, "multi_turn", False))
-    turns = max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
-    greedy = samples == 0
-    per = 1 if greedy else (n or samples)
-    ro = Rollout(policy, make_engine(engine, policy, temperature), task, max_new_tokens, turns,
-                 max_response_tokens or response_budget(max_new_tokens, turns, multi, policy.chat is not None),
-                 gen_batch, reward_workers=4)
-    gen = torch.Generator().manual_seed(seed)
-    was_training = policy.training
-    policy.eval()
-    correct = np.zeros((len(problems), per), dtype=bool)
-    scores = np.zeros((len(problems), per))
-    finals: list[dict[str, Any]] = []
-    episodes: list[tuple[list[dict[str, Any]], bool]] = []
-    kept: list[dict[str, Any]] = []
+    return problems
+
+
+@dataclass
+class _Rollouts:
+    """An evaluation's rollouts: correctness and scores ``[problems, per]``, each episode's last info, each
+    episode's infos with its outcome, and (with transcripts) the kept episodes."""
+
+    correct: np.ndarray
+    scores: np.ndarray
+    finals: list[dict[str, Any]] = field(default_factory=list)
+    episodes: list[tuple[list[dict[str, Any]], bool]] = field(default_factory=list)
+    kept: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _roll_out(policy: Policy, ro: Rollout, problems: list[Problem], per: int, greedy: bool, gen: torch.Generator,
+              gen_batch: int, transcripts: bool, progress: bool, title: str) -> _Rollouts:
+    """``per`` episodes of every problem, in chunks, with the policy in eval mode and a progress bar."""
     from ..progress import TrainProgress
 
-    bar = TrainProgress(len(problems), progress, f"eval {getattr(task, 'name', '')} {split}"
-                        + (f" ({self_report})" if self_report not in (None, "off") else ""), "problems/s", "accuracy")
+    was_training = policy.training
+    policy.eval()
+    r = _Rollouts(np.zeros((len(problems), per), dtype=bool), np.zeros((len(problems), per)))
+    bar = TrainProgress(len(problems), progress, title, "problems/s", "accuracy")
     t0 = time.perf_counter()
     try:
         bar.__enter__()
@@ -122,45 +164,39 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
         for s in range(0, len(problems), step):
             chunk = problems[s:s + step]
             batch, _ = ro.run(chunk, per, gen, greedy=greedy)
-            correct[s:s + len(chunk)] = batch.correct.numpy().reshape(len(chunk), per)
-            scores[s:s + len(chunk)] = batch.scores.numpy().reshape(len(chunk), per)
-            finals += [(rows[-1] if rows else {}) for rows in batch.infos]
-            episodes += [(rows, bool(c)) for rows, c in zip(batch.infos, batch.correct.tolist())]
+            r.correct[s:s + len(chunk)] = batch.correct.numpy().reshape(len(chunk), per)
+            r.scores[s:s + len(chunk)] = batch.scores.numpy().reshape(len(chunk), per)
+            r.finals += [(rows[-1] if rows else {}) for rows in batch.infos]
+            r.episodes += [(rows, bool(c)) for rows, c in zip(batch.infos, batch.correct.tolist())]
             if transcripts:
-                kept += [{"problem": p.id, "correct": bool(c), "infos": rows, "transcript": tr} for p, rows, tr, c in
-                         zip(batch.problems, batch.infos, batch.transcripts, batch.correct.tolist())]
+                r.kept += [{"problem": p.id, "correct": bool(c), "infos": rows, "transcript": tr} for p, rows, tr, c in
+                           zip(batch.problems, batch.infos, batch.transcripts, batch.correct.tolist())]
             done = s + len(chunk)
-            bar.update(done, done / max(time.perf_counter() - t0, 1e-9), float(correct[:done].mean()))
+            bar.update(done, done / max(time.perf_counter() - t0, 1e-9), float(r.correct[:done].mean()))
     finally:
         bar.__exit__(None, None, None)
         ro.close()
         policy.train(was_training)
-    out: dict[str, Any] = {"task": getattr(task, "name", None), "split": split, "n": len(problems),
-                           "ci_level": confidence, "mean_score": float(scores.mean())}
-    if self_report not in (None, "off"):
-        out.update(_report_metrics(self_report, correct.reshape(-1), finals))
-    out.update(_episode_metrics(episodes))
-    if per_problem:
-        out["per_problem"] = correct.mean(1).tolist()
-    if transcripts:
-        out["episodes"] = kept
+    return r
+
+
+def _accuracy(correct: np.ndarray, greedy: bool, per: int, samples: int, temperature: float, confidence: float
+              ) -> dict[str, Any]:
+    """Greedy accuracy with its Wilson interval, or sampled pass@1 and pass@``samples`` with bootstrap intervals."""
     if greedy:
         k = int(correct.sum())
-        out.update(mode="greedy", accuracy=k / len(problems), ci=list(wilson_interval(k, len(problems), confidence)))
-        return out
+        return {"mode": "greedy", "accuracy": k / len(correct), "ci": list(wilson_interval(k, len(correct), confidence))}
     from ..eval.stats import bootstrap_ci
 
     c = correct.sum(1)
     p1 = c / per
     pk = np.array([pass_at_k(per, int(ci), samples) for ci in c])
-    out.update(mode="sampled", samples_per_problem=per, temperature=temperature,
-               accuracy=float(p1.mean()), ci=list(bootstrap_ci(p1, np.mean, confidence)),
-               **{f"pass@{samples}": float(pk.mean()),
-                  f"pass@{samples}_ci": list(bootstrap_ci(pk, np.mean, confidence))})
-    return out
+    return {"mode": "sampled", "samples_per_problem": per, "temperature": temperature, "accuracy": float(p1.mean()),
+            "ci": list(bootstrap_ci(p1, np.mean, confidence)), f"pass@{samples}": float(pk.mean()),
+            f"pass@{samples}_ci": list(bootstrap_ci(pk, np.mean, confidence))}
 
 
-def _episode_metrics(episodes: list[tuple[list[dict[str, Any]], bool]]) -> dict[str, Any]:
+def _episode_metrics(episodes: list[tuple[list[dict[str, Any]], bool]], tool_kinds: tuple[str, ...]) -> dict[str, Any]:
     """Tool calls per episode (queries, searches), the ECE and AUROC of confidences stated along the episodes
     (every turn's, against its episode's outcome) and the premature-answer rate (a task that says how many
     searches a question needs), where the task logs them."""
@@ -168,7 +204,7 @@ def _episode_metrics(episodes: list[tuple[list[dict[str, Any]], bool]]) -> dict[
     from ..tasks.selfreport import turn_confidences
 
     out: dict[str, Any] = {}
-    kinds = [sum(1 for i in rows if i.get("kind") in ("sql", "search")) for rows, _ in episodes]
+    kinds = [sum(1 for i in rows if i.get("kind") in tool_kinds) for rows, _ in episodes]
     if any(kinds):
         out["tool_calls"] = float(np.mean(kinds))
     steps = [(q, float(ok)) for rows, ok in episodes for q in turn_confidences(rows) if q is not None]
@@ -214,41 +250,20 @@ def run_base_model(run_dir: Path, recorded: str) -> str:
     return recorded
 
 
-def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None,  # noqa: C901 (to split)
+def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None,
                   model: str | None = None) -> tuple[Policy, dict[str, Any]]:
     """A policy from a model directory, or from a GRPO run directory's latest checkpoint (its base
     model plus the trained weights); returns it with the run's config (empty for a model directory). ``chat``:
     ``auto``, ``on`` or ``off`` (default: the run's, else auto); ``model``: the run's base model where it has moved
     (default: the path in its config.json)."""
-    from ..checkpoint import load_checkpoint
     from ..trainer import CHECKPOINT, read_config_json, run_kind
-    from .config import is_llm_run_dir, load_llm_config
+    from .config import is_llm_run_dir
 
     p = Path(path)
     if (p / "config.json").is_file() and (p / CHECKPOINT).is_file() and run_kind(read_config_json(p)) == "control":
         raise ReflectRLError(f"{p} is a control run directory: evaluate it with `reflectrl eval {p}`")
     if is_llm_run_dir(p):
-        cfg = load_llm_config(p)
-        tensors, _ = load_checkpoint(p / CHECKPOINT)
-        base = model or run_base_model(p, cfg.model)
-        try:
-            policy = load_policy(base, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, dtype=cfg.dtype, device=device,
-                                 chat=chat or cfg.chat)
-        except ReflectRLError as exc:
-            if model is not None:
-                raise
-            raise ReflectRLError(f"the base model of run {p} cannot be loaded ({exc}); give its place with "
-                                 f"`reflectrl llm eval {p} --model PATH`") from None
-        state = {k[7:]: v for k, v in tensors.items() if k.startswith("policy/")}
-        for key in state:
-            if key.startswith("heads."):
-                name = key.split(".")[1]
-                if name not in policy.heads and key.endswith(".weight"):
-                    policy.add_head(name, state[key].shape[0])
-        policy.load_trainable_state(state)
-        import dataclasses
-
-        return policy, dataclasses.asdict(cfg)
+        return _load_run(p, device, chat, model)
     if model is not None:
         raise ConfigError(f"--model gives a run's moved base model; {p} is not an LLM run directory (evaluate a "
                           "model folder by passing it as the first argument)")
@@ -257,6 +272,35 @@ def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None
     if p.is_dir() and not (p / "config.json").is_file():
         raise ReflectRLError(f"{p} is neither a model directory nor an LLM run directory (no config.json)")
     return load_policy(str(path) if not p.exists() else str(p), device=device, chat=chat or "auto"), {}
+
+
+def _load_run(p: Path, device: str, chat: str | None, model: str | None) -> tuple[Policy, dict[str, Any]]:
+    """An LLM run's base model with the trained weights and heads of its latest checkpoint, and its config."""
+    import dataclasses
+
+    from ..checkpoint import load_checkpoint
+    from ..trainer import CHECKPOINT
+    from .config import load_llm_config
+
+    cfg = load_llm_config(p)
+    tensors, _ = load_checkpoint(p / CHECKPOINT)
+    base = model or run_base_model(p, cfg.model)
+    try:
+        policy = load_policy(base, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, dtype=cfg.dtype, device=device,
+                             chat=chat or cfg.chat)
+    except ReflectRLError as exc:
+        if model is not None:
+            raise
+        raise ReflectRLError(f"the base model of run {p} cannot be loaded ({exc}); give its place with "
+                             f"`reflectrl llm eval {p} --model PATH`") from None
+    state = {k[7:]: v for k, v in tensors.items() if k.startswith("policy/")}
+    for key in state:
+        if key.startswith("heads."):
+            name = key.split(".")[1]
+            if name not in policy.heads and key.endswith(".weight"):
+                policy.add_head(name, state[key].shape[0])
+    policy.load_trainable_state(state)
+    return policy, dataclasses.asdict(cfg)
 
 
 def warmup_task(folder: Path) -> dict[str, Any]:

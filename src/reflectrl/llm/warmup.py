@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ def _tokens(tok: Any, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_report: str = "off",  # noqa: C901 (to split)
+def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_report: str = "off",
                        negatives: float = 0.0, multi_turn_share: float = 0.0,
                        generator: torch.Generator | None = None, teacher_share: float = 0.0,
                        step_confidence: bool = False, detour_share: float = 0.0) -> list[RowResult]:
@@ -138,40 +139,74 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
     ``detour_share`` of those episodes search in vain at one hop, by a wrong relation or a misspelled subject
     (that turn context only)."""
     from ..tasks.base import chat_prompt, teacher_prompt
-    from ..tasks.selfreport import question
 
-    tok = policy.tokenizer
-    chat = getattr(policy, "chat", None)  # a chat model: every turn a message of the template (reflectrl.llm.chat)
-    eos = [chat.end_of_turn] if chat is not None else policy.eos_ids[:1]
-    words = CHAT_REPORTS if chat is not None else REPORTS
-    reply = (lambda text: policy.encode_reply(text, closed=True)) if chat is not None else (lambda text: _tokens(tok, text))
-    g = generator or torch.Generator().manual_seed(0)
-    rand = lambda: float(torch.rand((), generator=g))
-    pick = lambda options: options[int(torch.randint(len(options), (), generator=g))]
+    d = _Demos(policy, task, generator or torch.Generator().manual_seed(0))
     has_turns = callable(getattr(task, "demonstration_turns", None)) and getattr(task, "multi_turn", False)
     rows = []
     stepwise = step_confidence and callable(getattr(task, "stepwise_demonstration", None))
-    for i, p in enumerate(problems):
+    for i, p in enumerate(problems):  # the random draws in this order: turns, report kind, negative, report, teacher
         if stepwise:
-            detour, hop = None, 0
-            kinds = tuple(getattr(task, "detours", ()))
-            if kinds and rand() < detour_share:  # a wrong search (any kind the task has) at one of the question's hops
-                detour, hop = pick(kinds), int(torch.randint(len(p.meta["queries"]), (), generator=g))
-            turns = task.stepwise_demonstration(p, lambda level: pick(STEP_CONFIDENCES[level]), detour, hop)
-        elif has_turns and rand() < multi_turn_share:
+            turns = d.stepwise(p, detour_share)
+        elif has_turns and d.rand() < multi_turn_share:
             turns = [(turn, reply, True) for turn, reply in task.demonstration_turns(p)]
         else:
             demo = task.demonstration(p)
             if demo.startswith(p.prompt):  # a task may return the whole text; train on the completion part
                 demo = demo[len(p.prompt):]
             turns = [(demo, "", True)]
-        kind = pick(MIXES[self_report]) if self_report in MIXES else self_report
+        kind = d.pick(MIXES[self_report]) if self_report in MIXES else self_report
         negative = False
-        if kind != "off" and negatives > 0 and len(problems) > 1 and rand() < negatives:
-            other = problems[(i + 1 + int(torch.randint(len(problems) - 1, (), generator=g))) % len(problems)]
+        if kind != "off" and negatives > 0 and len(problems) > 1 and d.rand() < negatives:
+            other = problems[(i + 1 + int(torch.randint(len(problems) - 1, (), generator=d.g))) % len(problems)]
             wrong = task.demonstration(other)
             if float(task.score(p, wrong)) <= 0.0:
                 turns, negative = [(wrong, "", False)], True
+        segs = d.segments(turns, kind, negative)
+        use_teacher = teacher_share > 0 and not negative and d.rand() < teacher_share
+        if d.chat is not None:
+            ids = policy.encode_prompt(teacher_prompt(task, p, chat=True) if use_teacher else chat_prompt(task, p))
+        else:
+            ids = d.tok(teacher_prompt(task, p) if use_teacher else p.prompt, add_special_tokens=True)["input_ids"]
+        rows.append(RowResult(ids, segs, None, 0.0, False, False, []))
+    return rows
+
+
+class _Demos:
+    """What every demonstration of a warm-up shares: the tokenizer, the chat layout (a chat model: every turn a
+    message of the template, :mod:`reflectrl.llm.chat`), the report words, and the one random stream."""
+
+    def __init__(self, policy: Any, task: Any, g: torch.Generator):
+        self.policy, self.task, self.g = policy, task, g
+        self.tok = policy.tokenizer
+        self.chat = getattr(policy, "chat", None)
+        self.eos = [self.chat.end_of_turn] if self.chat is not None else policy.eos_ids[:1]
+        self.words = CHAT_REPORTS if self.chat is not None else REPORTS
+
+    def rand(self) -> float:
+        return float(torch.rand((), generator=self.g))
+
+    def pick(self, options: Sequence[Any]) -> Any:
+        return options[int(torch.randint(len(options), (), generator=self.g))]
+
+    def reply(self, text: str) -> list[int]:
+        """An environment reply's tokens (a closed user turn of a chat model)."""
+        return self.policy.encode_reply(text, closed=True) if self.chat is not None else _tokens(self.tok, text)
+
+    def stepwise(self, p: Problem, detour_share: float) -> list[tuple[str, str, bool]]:
+        """A stepwise demonstration stating a confidence on every turn, with a vain search at one hop in
+        ``detour_share`` of them (any detour kind the task has)."""
+        detour, hop = None, 0
+        kinds = tuple(getattr(self.task, "detours", ()))
+        if kinds and self.rand() < detour_share:  # a wrong search (any kind the task has) at one of the question's hops
+            detour, hop = self.pick(kinds), int(torch.randint(len(p.meta["queries"]), (), generator=self.g))
+        return self.task.stepwise_demonstration(p, lambda level: self.pick(STEP_CONFIDENCES[level]), detour, hop)
+
+    def segments(self, turns: list[tuple[str, str, bool]], kind: str, negative: bool) -> list[Segment]:
+        """The episode's segments: each agent turn (trained unless it is a wrong answer) and the environment's
+        reply, then the self-report ``kind`` (the question and its answer, or the answer's inline confidence)."""
+        from ..tasks.selfreport import question
+
+        tok, chat, eos = self.tok, self.chat, self.eos
         segs = []
         for t, (turn, text, trained) in enumerate(turns):
             last = t == len(turns) - 1
@@ -179,22 +214,16 @@ def demonstration_rows(policy: Any, task: Any, problems: list[Problem], self_rep
             ids = _tokens(tok, turn) + (eos if closes else [])
             segs.append(Segment(ids, "policy" if trained else "env", t))
             if not last and (text or chat is not None):
-                segs.append(Segment(reply(text), "env", t))
+                segs.append(Segment(self.reply(text), "env", t))
         if kind == "inline":
-            q = pick(REPORTS["confidence"][1 if negative else 0])
+            q = self.pick(REPORTS["confidence"][1 if negative else 0])
             segs.append(Segment(_tokens(tok, f"<confidence>{q}</confidence>") + eos, "policy", len(turns) - 1))
         elif kind != "off":
-            pos, neg = words[kind]
-            answer = (neg if negative else pos) if kind == "reflect" else pick(neg if negative else pos)
-            segs.append(Segment(reply(question(kind)), "env", len(turns) - 1))
+            pos, neg = self.words[kind]
+            answer = (neg if negative else pos) if kind == "reflect" else self.pick(neg if negative else pos)
+            segs.append(Segment(self.reply(question(kind)), "env", len(turns) - 1))
             segs.append(Segment(_tokens(tok, (" " if chat is not None else "") + answer) + eos, "policy", len(turns)))
-        use_teacher = teacher_share > 0 and not negative and rand() < teacher_share
-        if chat is not None:
-            ids = policy.encode_prompt(teacher_prompt(task, p, chat=True) if use_teacher else chat_prompt(task, p))
-        else:
-            ids = tok(teacher_prompt(task, p) if use_teacher else p.prompt, add_special_tokens=True)["input_ids"]
-        rows.append(RowResult(ids, segs, None, 0.0, False, False, []))
-    return rows
+        return segs
 
 
 TINY_WARMUP_LR, PRETRAINED_WARMUP_LR = 3e-3, 1e-5

@@ -214,7 +214,44 @@ def wait_child(pid: int, deadline: float, time: object) -> int | None:
             os.close(pidfd)
 
 
-def batch_main() -> None:  # noqa: C901 (to split)
+def in_child(job: dict, null: int, out: int, err: int, chan: int, max_fd: int) -> None:
+    """In a job's forked child: its own process group, stdin from /dev/null, stdout, stderr and the job's channel on
+    fds 1, 2 and 3, every other fd closed, then the job; the child never returns."""
+    try:
+        os.setpgid(0, 0)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.dup2(chan, 3)
+        os.closerange(4, max_fd)  # other jobs' pipes, the control pipe, /dev/null
+        run_job(job)
+    finally:
+        os._exit(71)
+
+
+def reap_job(pid: int, deadline: float, time) -> tuple[bool, int]:
+    """Wait for a job's child until ``deadline`` (then kill its process group); whether it timed out, and its exit
+    code."""
+    status = wait_child(pid, deadline, time)
+    timed_out = status is None
+    if timed_out:
+        try:
+            os.killpg(pid, 9)
+        except OSError:
+            pass
+        _, status = os.waitpid(pid, 0)
+    return timed_out, os.waitstatus_to_exitcode(status)
+
+
+def next_job(keep: set, lib, uid: int | None, work: str, mode: int, time) -> dict:
+    """The next job, read once the last one's processes and IPC objects are gone and its workdir is wiped."""
+    if not (sweep(keep, time) and clear_ipc(lib, uid)):
+        raise RuntimeError("processes or IPC objects survived the sweep")
+    wipe(work, uid, mode)
+    return read_frame()
+
+
+def batch_main() -> None:
     """Run the jobs of the batch one after another, each in a freshly forked child."""
     import _ast  # noqa: F401 - imported once, before any fork
     import builtins  # noqa: F401
@@ -248,10 +285,7 @@ def batch_main() -> None:  # noqa: C901 (to split)
     for index in range(conf["slots"]):
         chan, out, err = pipes[3 * index:3 * index + 3]
         try:
-            if not (sweep(keep, time) and clear_ipc(lib, uid)):
-                raise RuntimeError("processes or IPC objects survived the sweep")
-            wipe(work, uid, mode)
-            job = read_frame()
+            job = next_job(keep, lib, uid, work, mode, time)
         except BaseException as exc:  # noqa: BLE001 - reported, then the runner exits
             say(f"abort {index} " + (exc_name(exc) + ":" + str(exc)).replace("\n", " ")[:300])
             os._exit(0)
@@ -263,27 +297,10 @@ def batch_main() -> None:  # noqa: C901 (to split)
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            try:
-                os.setpgid(0, 0)
-                os.dup2(null, 0)
-                os.dup2(out, 1)
-                os.dup2(err, 2)
-                os.dup2(chan, 3)
-                os.closerange(4, max_fd)  # other jobs' pipes, the control pipe, /dev/null
-                run_job(job)
-            finally:
-                os._exit(71)
+            in_child(job, null, out, err, chan, max_fd)
         del job
-        status = wait_child(pid, started + conf["timeout"], time)
-        timed_out = status is None
-        if timed_out:
-            try:
-                os.killpg(pid, 9)
-            except OSError:
-                pass
-            _, status = os.waitpid(pid, 0)
+        timed_out, code = reap_job(pid, started + conf["timeout"], time)
         duration = time.monotonic() - started
-        code = os.waitstatus_to_exitcode(status)
         clean = sweep(keep, time)
         for fd in (chan, out, err):
             os.close(fd)

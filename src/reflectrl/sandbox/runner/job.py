@@ -129,7 +129,7 @@ def caps(*fields: str) -> int:
     return mask
 
 
-def drop_privileges(uid: int | None) -> None:  # noqa: C901 (to split)
+def drop_privileges(uid: int | None) -> None:
     """Empty the capability bounding set, set no_new_privs, then switch to `uid` or drop caps."""
     if not sys.platform.startswith("linux"):
         if uid is not None:
@@ -139,12 +139,7 @@ def drop_privileges(uid: int | None) -> None:  # noqa: C901 (to split)
         return
     ctypes, lib = libc()
     if caps("CapEff"):
-        with open("/proc/sys/kernel/cap_last_cap") as fh:
-            last = int(fh.read())
-        for cap in range(last + 1):
-            if lib.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-                raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP failed")
-        lib.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+        drop_bounding_set(ctypes, lib)
     if lib.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
     if uid is not None:
@@ -152,13 +147,28 @@ def drop_privileges(uid: int | None) -> None:  # noqa: C901 (to split)
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
     elif caps("CapEff", "CapPrm"):
-        class Header(ctypes.Structure):
-            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]  # noqa: RUF012 - read by ctypes
-        data = (ctypes.c_uint32 * 6)()
-        if lib.capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
-            raise OSError(ctypes.get_errno(), "capset failed")
+        clear_capabilities(ctypes, lib)
     if caps("CapEff", "CapPrm"):
         raise RuntimeError("capabilities are still held")
+
+
+def drop_bounding_set(ctypes, lib) -> None:
+    """Drop every capability from the bounding set and clear the ambient set."""
+    with open("/proc/sys/kernel/cap_last_cap") as fh:
+        last = int(fh.read())
+    for cap in range(last + 1):
+        if lib.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP failed")
+    lib.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+
+
+def clear_capabilities(ctypes, lib) -> None:
+    """Empty this process's effective, permitted and inheritable capabilities (capset, version 3)."""
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]  # noqa: RUF012 - read by ctypes
+    data = (ctypes.c_uint32 * 6)()
+    if lib.capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
 
 
 def setup(job: dict) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +118,8 @@ def dynamics(metrics: Path) -> dict:
 
 def learn(a: argparse.Namespace) -> None:
     task, options = LEARN_TASK
-    out = Path(a.out or f"runs/real/{a.algo}_s{a.seed}")
+    label = a.label or a.algo
+    out = Path(a.out or f"runs/real/{label}_s{a.seed}")
     base_file = RESULTS / f"real_base_{task}.json"
     if not base_file.is_file():  # the base model, greedy: the same for every seed and algo
         base = evaluation(MODEL, task, options, out.parent / "base.log")
@@ -129,7 +131,7 @@ def learn(a: argparse.Namespace) -> None:
             sys.exit(f"{run} holds an unfinished run: a budget in CPU seconds cannot be resumed to the same total; "
                      f"remove {out} and start again")
         args = ["llm", "train", "--algo", a.algo, "--task", task, "--model", MODEL, "--run-dir", str(run),
-                "--seed", str(a.seed), "--cpu-time-limit-s", str(a.cpu_seconds), *LEARN_FLAGS,
+                "--seed", str(a.seed), "--cpu-time-limit-s", str(a.cpu_seconds), *LEARN_FLAGS, *shlex.split(a.flags),
                 *[x for o in options for x in ("--set", o)]]
         reflectrl(args, out / "train.log")
         done.write_text("finished\n")
@@ -137,14 +139,15 @@ def learn(a: argparse.Namespace) -> None:
     after = evaluation(str(run), task, options, out / "eval.log")
     keys = ("accuracy", "ci", "reflection_accuracy", "reflection_missing_rate", "confidence_missing_rate", "ece",
             "brier", "auroc", "mean_confidence", "underconfidence", "overconfidence")
-    result = {"benchmark": "real_learn", "model": MODEL, "algo": a.algo, "seed": a.seed, "task": task,
+    result = {"benchmark": "real_learn", "model": MODEL, "algo": label, "train_algo": a.algo, "flags": a.flags,
+              "seed": a.seed, "task": task,
               "task_options": list(options), "cpu_seconds_budget": a.cpu_seconds,
               "before": {k: before.get(k) for k in keys}, "after": {k: after.get(k) for k in keys},
               "n": after["n"], "eval_command": after["command"],
               "settings": {k: config[k] for k in ("learning_rate", "group_size", "prompts_per_update", "temperature",
                                                    "lora_r", "max_new_tokens", "self_report", "threads")},
               **dynamics(run / "metrics.jsonl")}
-    (RESULTS / f"real_learn_{a.algo}_s{a.seed}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / f"real_learn_{label}_s{a.seed}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 
 
@@ -226,7 +229,15 @@ def render(part: str = "all") -> None:
         table(["algo", "seed", "held-out", "before, % [95% CI]", "after, % [95% CI]", "gain, points [95% CI]", "updates",
                "CPU s", "generating", "ECE before → after", "AUROC before → after", "reflection acc. before → after"],
               [learn_row(r) for r in runs],
-              [f"python benchmarks/real_model.py learn --algo {r['algo']} --seed {r['seed']}" for r in runs], "real_learn")
+              [learn_command(r) for r in runs], "real_learn")
+
+
+def learn_command(r: dict) -> str:
+    """The command that made a learn result (a variant's: its algo, label and flags)."""
+    if not r.get("flags"):
+        return f"python benchmarks/real_model.py learn --algo {r['algo']} --seed {r['seed']}"
+    return (f"python benchmarks/real_model.py learn --algo {r['train_algo']} --label {r['algo']} --flags '{r['flags']}' "
+            f"--seed {r['seed']}")
 
 
 def main() -> None:
@@ -245,7 +256,10 @@ def main() -> None:
     learn_p.add_argument("--algo", default="grpo")
     learn_p.add_argument("--seed", type=int, default=1)
     learn_p.add_argument("--cpu-seconds", type=int, default=3600)
-    learn_p.add_argument("--out", default=None, help="run folder (default runs/real/ALGO_sSEED)")
+    learn_p.add_argument("--out", default=None, help="run folder (default runs/real/LABEL_sSEED)")
+    learn_p.add_argument("--label", default=None, help="the result's name for a variant (default: the algo)")
+    learn_p.add_argument("--flags", default="", help="train flags of a variant, quoted: '--rlcr-calibration rank "
+                                                   "--rlcr-credit split'")
     a = ap.parse_args()
     if a.render:
         render(a.render)

@@ -12,7 +12,7 @@ reason (an entry that matches no block fails, so the list cannot go stale).
 
 Commands run in this process through ``reflectrl.cli.main``, shrunk by the rules in SHRINK (one per
 command: the budget flags it sets are listed there); ``reflectrl compare`` runs its runs in this process too
-(``experiments.runner._run_cli`` replaced by ``reflectrl.cli.main``; tests/eval/test_compare.py covers the processes).
+(``experiments.runner._run_cli`` replaced by ``reflectrl.cli.main``; tests/experiments/test_compare.py covers the processes).
 Substitutions: ``[--flag value]`` (optional syntax) is dropped; a path with ``<time>`` is the run directory it
 names; the word ``RUN_DIR`` is the newest run directory; ``reflectrl llm compare`` without ``--model`` gets a
 fresh tiny model instead of the task recipe's warmed-up one. Python blocks get PY_SHRINK. A command, make target or

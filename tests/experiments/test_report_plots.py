@@ -3,13 +3,12 @@
 import re
 
 import pytest
+from eval.helpers import fake_run
 
 from reflectrl.cli import main as cli_main
 from reflectrl.experiments.plots import plot_metric_over_time
 from reflectrl.experiments.report import ReportOptions, build_report
 from reflectrl.experiments.rundata import discover_runs, load_run
-
-from .helpers import fake_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

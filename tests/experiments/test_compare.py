@@ -6,13 +6,12 @@ import json
 import shutil
 
 import pytest
+from eval.helpers import fake_run
 
 from reflectrl.cli import main as cli_main
 from reflectrl.experiments import compare, runner
 from reflectrl.experiments.compare import parse_method
 from reflectrl.experiments.runner import RunSpec, plan
-
-from .helpers import fake_run
 
 TRAIN = ["--num-envs", "2", "--num-steps", "64", "--no-tensorboard"]
 PNG = b"\x89PNG\r\n\x1a\n"

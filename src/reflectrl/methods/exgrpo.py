@@ -24,6 +24,7 @@ import torch
 from ..contract.fields import register_field
 from ..llm.batch import REPLAYED, TokenBatch
 from ..llm.grpo import GRPO, GRPOHook
+from ..tasks.base import Problem
 
 STORED = register_field("stored_logp", "token", "loss", "a replayed trajectory's log-probs when it was stored")
 OFFPOLICY = register_field("offpolicy", "token", "loss", "1 on the tokens of a replayed stored trajectory")
@@ -116,7 +117,7 @@ class ExGRPO(GRPOHook):
             out.setdefault(self.count[q], []).append(q)
         return out
 
-    def select_problems(self, trainer: GRPO, n: int) -> list[Any]:
+    def select_problems(self, trainer: GRPO, n: int) -> list[Problem]:
         self._metrics = {}  # this update's, from here to after_update
         K = trainer.cfg.group_size
         by_id = trainer.problems_by_id
@@ -125,7 +126,7 @@ class ExGRPO(GRPOHook):
             exp_ids = sample_from_buckets(self.buckets(), int(round(self.o.exgrpo_rho * n)), K, self.o.exgrpo_weighting,
                                           self.o.exgrpo_sigma, self.gen)
         chosen = set(exp_ids)
-        fresh: list[Any] = []
+        fresh: list[Problem] = []
         while len(fresh) < n - len(exp_ids):
             p = trainer.next_problems(1)[0]
             if p.id in self.retired and len(self.retired) < len(trainer.train_problems):
@@ -136,7 +137,7 @@ class ExGRPO(GRPOHook):
         self._sizes = [K] * len(fresh) + [K - 1] * len(exp_ids)
         return fresh + [by_id[q] for q in exp_ids]
 
-    def group_sizes(self, trainer: GRPO, problems: list[Any]) -> list[int] | None:
+    def group_sizes(self, trainer: GRPO, problems: list[Problem]) -> list[int] | None:
         return self._sizes
 
     @torch.no_grad()

@@ -213,7 +213,7 @@ class ReflectionMemory:
         self.fits = 0
         self.last: dict[str, float] = {}
         self._job: Future | None = None  # background fit in flight: -> (reflector, metrics)
-        self._done: tuple[Any, dict[str, float]] | None = None  # finished background fit, not yet live
+        self._done: tuple[Reflector, dict[str, float]] | None = None  # finished background fit, not yet live
         self._executor: ThreadPoolExecutor | None = None
 
     @property
@@ -258,7 +258,7 @@ class ReflectionMemory:
         self._job = self._executor.submit(lambda: (worker, self._fit(worker, pooled, returns)))
         return metrics
 
-    def _fit(self, reflector: Any, pooled: Tensor, returns: Tensor) -> dict[str, float]:
+    def _fit(self, reflector: Reflector, pooled: Tensor, returns: Tensor) -> dict[str, float]:
         targets = rank_targets(returns)
         unc = None
         if self.o.refl_priority != "return":

@@ -125,7 +125,7 @@ class RefGRPOSeed:
         self.net.eval()
         self.opt = adam_for(self.net, opts.reflection_lr_mult * policy_lr, opts.reflection_weight_decay)
         self.heldout: deque[tuple[Tensor, Tensor]] = deque(maxlen=max(1, opts.heldout_batches))
-        self._cache: tuple[Any, Tensor, Tensor] | None = None
+        self._cache: tuple[StepBatch, Tensor, Tensor] | None = None
         self._metrics: dict[str, float] = {}
 
     @staticmethod

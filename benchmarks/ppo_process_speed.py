@@ -37,11 +37,13 @@ RESULT = HERE / "results" / "ppo_process_speed.json"
 SETTINGS = ["--num-envs", "8", "--num-steps", "128", "--update-epochs", "4", "--num-minibatches", "4"]
 
 
-def commands(total: int, seed: int, env_id: str, out: Path, tensorboard: bool) -> dict[str, list[str]]:
+def commands(total: int, seed: int, env_id: str, out: Path, tensorboard: bool, env_workers: int = 0
+             ) -> dict[str, list[str]]:
     """The two command lines of one round (``out``: a fresh directory for both sides' files)."""
     reflectrl = [sys.executable, "-m", "reflectrl", "train", "--algo", "ppo", "--env-id", env_id,
                  "--total-timesteps", str(total), *SETTINGS, "--seed", str(seed), "--run-dir", str(out / "reflectrl"),
-                 "--no-progress", *([] if tensorboard else ["--no-tensorboard"])]
+                 "--no-progress", *([] if tensorboard else ["--no-tensorboard"]),
+                 *(["--env-workers", str(env_workers)] if env_workers else [])]
     cleanrl = [sys.executable, str(HERE / "cleanrl_ppo.py"), "--total-timesteps", str(total), "--seed", str(seed),
                "--env-id", env_id, "--threads", "1", *(["--tensorboard", str(out / "cleanrl_tb")] if tensorboard else [])]
     return {"reflectrl": reflectrl, "cleanrl": cleanrl}
@@ -75,7 +77,7 @@ def measure(args: argparse.Namespace) -> dict:
         load_before = os.getloadavg()
         row: dict = {"round": r + 1, "order": list(order), "load_before": [round(x, 2) for x in load_before]}
         with tempfile.TemporaryDirectory() as d:
-            cmds = commands(args.total_timesteps, r + 1, args.env_id, Path(d), args.tensorboard)
+            cmds = commands(args.total_timesteps, r + 1, args.env_id, Path(d), args.tensorboard, args.env_workers)
             for who in order:
                 row[who] = timed(cmds[who])
         row["load_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -91,9 +93,11 @@ def measure(args: argparse.Namespace) -> dict:
     result = {
         "env_id": args.env_id, "total_timesteps": args.total_timesteps, "rounds": args.rounds,
         "settings": "8 envs x 128 steps, 4 epochs, 4 minibatches, 64x64 tanh, OMP_NUM_THREADS=1, one torch thread",
-        "tensorboard": args.tensorboard, "cpus": os.cpu_count(), **({"label": args.label} if args.label else {}),
+        "tensorboard": args.tensorboard, "cpus": os.cpu_count(), "env_workers": args.env_workers,
+        **({"label": args.label} if args.label else {}),
         "commands": {k: " ".join(shown(c) for c in v)
-                     for k, v in commands(args.total_timesteps, 1, args.env_id, Path("TMP"), args.tensorboard).items()},
+                     for k, v in commands(args.total_timesteps, 1, args.env_id, Path("TMP"), args.tensorboard,
+                                          args.env_workers).items()},
         "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
         "ratios": [round(x, 3) for x in ratios],
         "loop_ratio_median": statistics.median(row["loop_ratio"] for row in rows),
@@ -120,6 +124,8 @@ def render(path: Path = RESULT) -> str:
     ratios = ", ".join(f"{x:.2f}" for x in r["ratios"])
     loads = ", ".join(f"{row['load_before'][0]:.1f}-{row['load_after'][0]:.1f}" for row in r["per_round"])
     logging = "both sides with TensorBoard" if r["tensorboard"] else "TensorBoard off on both sides"
+    if r.get("env_workers"):
+        logging += f", reflectrl's envs in {r['env_workers']} worker processes (`--env-workers {r['env_workers']}`)"
     return ("\n".join(rows) + f"\n\nRatio reflectrl / CleanRL as whole processes (median of {r['rounds']} alternating "
             f"rounds of {r['total_timesteps']} steps, {logging}): **{r['ratio_median']:.2f}x** (rounds: {ratios}; "
             f"range {r['ratio_min']:.2f}-{r['ratio_max']:.2f}); the ratio of the same processes' training loops: "
@@ -131,6 +137,7 @@ def main() -> None:
     ap.add_argument("--total-timesteps", type=int, default=400_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--env-id", default="LunarLander-v3")
+    ap.add_argument("--env-workers", type=int, default=0, help="reflectrl's --env-workers (0: the envs in its process)")
     ap.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=True,
                     help="TensorBoard logging on both sides (default) or on neither")
     ap.add_argument("--json-out", type=Path, default=None, help="write the result JSON here")

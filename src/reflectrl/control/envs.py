@@ -186,6 +186,8 @@ def reset_done(envs: gym.vector.SyncVectorEnv, tracker: EpisodeTracker, obs: np.
 def replay(envs: gym.vector.SyncVectorEnv, tracker: EpisodeTracker) -> np.ndarray:
     """Rebuild each sub-env's state: reset from its episode seed, then re-apply its recorded actions."""
     obs = reset_all(envs, tracker)
+    if hasattr(envs, "replay"):  # envs in worker processes (reflectrl.control.env_workers) replay there
+        return np.array(envs.replay([tracker.episode_actions(i) for i in range(envs.num_envs)]), copy=True)
     for i, env in enumerate(envs.envs):
         for a in tracker.episode_actions(i):
             o, *_ = env.step(a)

@@ -22,6 +22,7 @@ from ..core import discounted_cumsum, explained_variance, gae, next_values_from,
 from ..trainer import CHECKPOINT, Clock, default_run_dir
 from .base import EnvTrainer
 from .config import PPOConfig
+from .env_workers import WorkerVectorEnv
 from .envs import (
     EpisodeTracker,
     ObsNormalizer,
@@ -102,7 +103,8 @@ class PPO(EnvTrainer):
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.envs = make_vector_env(cfg.env_id, cfg.num_envs)
+        self.envs = (WorkerVectorEnv(cfg.env_id, cfg.num_envs, cfg.env_workers) if cfg.env_workers
+                     else make_vector_env(cfg.env_id, cfg.num_envs))
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.model = build_actor_critic(obs_space, act_space, cfg.hidden_sizes, cfg.activation, cfg.ortho_init,
                                         cfg.log_std_init)

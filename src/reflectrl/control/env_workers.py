@@ -1,0 +1,186 @@
+"""PPO's environments in worker processes (``--env-workers K``).
+
+The ``num_envs`` environments are split into K contiguous shards; each shard is a lean vector env
+(:func:`~reflectrl.control.envs.make_vector_env`, autoreset disabled) in a process of its own. Actions go to the
+workers and observations, rewards and episode ends come back through shared-memory arrays; the pipes carry only
+one short command and its acknowledgement per step. All shards step at once, each on its own core, while the
+trainer waits. Every random choice stays in the trainer's process (actions, reset seeds), and each environment
+sees the same calls in the same order as in the synchronous vector env, so a run is bitwise the synchronous run,
+checkpoints and resume included (resume replays each environment's current episode in its worker).
+
+A worker that dies or raises ends the run with one error naming it; the last checkpoint on disk is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import sys
+import traceback
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from ..errors import ReflectRLError
+
+_POLL_S = 1.0  # how often a waiting trainer checks that its workers are alive
+
+
+def _views(bufs: dict[str, tuple[Any, str, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+    return {k: np.frombuffer(raw, dtype=dtype).reshape(shape) for k, (raw, dtype, shape) in bufs.items()}
+
+
+def _worker(conn: Any, env_id: str, env_kwargs: dict[str, Any], lo: int, hi: int,
+            bufs: dict[str, tuple[Any, str, tuple[int, ...]]]) -> None:
+    """A worker's loop: own envs ``lo .. hi - 1`` and serve ``step``, ``reset``, ``replay`` and ``close``."""
+    from .envs import make_vector_env
+
+    try:
+        envs = make_vector_env(env_id, hi - lo, **env_kwargs)
+        v = _views(bufs)
+        conn.send(("ok", None))
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "step":
+                obs, rew, term, trunc, _ = envs.step(v["act"][lo:hi])
+                v["obs"][lo:hi], v["rew"][lo:hi], v["term"][lo:hi], v["trunc"][lo:hi] = obs, rew, term, trunc
+            elif cmd == "reset":
+                seeds, mask = arg
+                options = None if mask is None else {"reset_mask": np.asarray(mask, np.bool_)}
+                obs, _ = envs.reset(seed=seeds, options=options)
+                v["obs"][lo:hi] = obs
+            elif cmd == "replay":  # each env's recorded actions since its reset, after a reset to its episode seed
+                for i, actions in enumerate(arg):
+                    for a in actions:
+                        v["obs"][lo + i], *_ = envs.envs[i].step(a)
+            elif cmd == "close":
+                envs.close()
+                conn.send(("ok", None))
+                return
+            conn.send(("ok", None))
+    except (EOFError, KeyboardInterrupt):  # the trainer went away, or Ctrl-C reached the whole process group
+        return
+    except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it there
+        conn.send(("error", traceback.format_exc(limit=4)))
+
+
+class WorkerVectorEnv:
+    """``num_envs`` copies of ``env_id`` in ``workers`` processes, with the interface of the lean vector env that
+    reflectrl's control trainers use: ``step``, ``reset(seed=, options={"reset_mask": ...})``, ``replay`` and
+    ``close``, and ``num_envs`` and the single spaces."""
+
+    def __init__(self, env_id: str, num_envs: int, workers: int, **env_kwargs: Any):
+        from .envs import make_vector_env
+
+        if not 1 <= workers <= num_envs:
+            raise ReflectRLError(f"--env-workers must be between 1 and --num-envs ({num_envs}), got {workers}")
+        probe = make_vector_env(env_id, 1, **env_kwargs)
+        self.single_observation_space = probe.single_observation_space
+        self.single_action_space = probe.single_action_space
+        probe.close()
+        self.num_envs = num_envs
+        obs_shape, obs_dtype = self.single_observation_space.shape, self.single_observation_space.dtype
+        discrete = isinstance(self.single_action_space, gym.spaces.Discrete)
+        act = ((num_envs,), np.dtype(np.int64)) if discrete else (
+            (num_envs, *self.single_action_space.shape), np.dtype(np.float64))
+        specs = {"obs": ((num_envs, *obs_shape), np.dtype(obs_dtype)), "act": act,
+                 "rew": ((num_envs,), np.dtype(np.float64)), "term": ((num_envs,), np.dtype(np.bool_)),
+                 "trunc": ((num_envs,), np.dtype(np.bool_))}
+        ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        bufs = {k: (ctx.RawArray("b", max(int(np.prod(shape)) * dt.itemsize, 1)), dt.str, shape)
+                for k, (shape, dt) in specs.items()}
+        self._v = _views(bufs)
+        bounds = np.linspace(0, num_envs, workers + 1).round().astype(int)
+        self.shards = [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        self.conns, self.procs = [], []
+        for k, (lo, hi) in enumerate(self.shards):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(child, env_id, env_kwargs, lo, hi, bufs), daemon=True,
+                            name=f"reflectrl-env-worker-{k}")
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self._closed = False
+        self._wait(range(workers))
+
+    # ------------------------------------------------------------------ the protocol with the workers
+    def _wait(self, which: Any) -> None:
+        """Each named worker's acknowledgement; one error naming the first that died or raised."""
+        for k in which:
+            conn, proc = self.conns[k], self.procs[k]
+            while not conn.poll(_POLL_S):
+                if not proc.is_alive():
+                    break
+            try:
+                status, detail = conn.recv()
+            except (EOFError, OSError):
+                status, detail = "died", None
+            if status != "ok":
+                self._fail(k, status, detail)
+
+    def _fail(self, k: int, status: str, detail: Any) -> None:
+        """Close every worker and raise one error naming worker ``k`` and what happened to it."""
+        lo, hi = self.shards[k]
+        self.procs[k].join(timeout=1.0)
+        if status == "died":
+            detail = f"exit code {self.procs[k].exitcode}"
+        self.close()
+        raise ReflectRLError(f"env worker {k} (envs {lo}-{hi - 1}) {'died' if status == 'died' else 'failed'}: "
+                             f"{str(detail).strip().splitlines()[-1] if detail else status}")
+
+    def _all(self, cmd: str, args: list[Any] | None = None) -> None:
+        which = [k for k in range(len(self.shards)) if args is None or args[k] is not None]
+        for k in which:
+            try:
+                self.conns[k].send((cmd, None if args is None else args[k]))
+            except OSError:  # a broken pipe: the worker is gone
+                self._fail(k, "died", None)
+        self._wait(which)
+
+    # ------------------------------------------------------------------ the vector env
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        self._v["act"][...] = actions
+        self._all("step")
+        v = self._v
+        return v["obs"].copy(), v["rew"].copy(), v["term"].copy(), v["trunc"].copy(), {}
+
+    def reset(self, *, seed: list[int | None] | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[np.ndarray, dict]:
+        mask = None if options is None else options.get("reset_mask")
+        args: list[Any] = []
+        for lo, hi in self.shards:
+            m = None if mask is None else np.asarray(mask[lo:hi], np.bool_)
+            seeds = None if seed is None else list(seed[lo:hi])
+            args.append(None if m is not None and not m.any() else (seeds, None if m is None else m.tolist()))
+        self._all("reset", args)
+        return self._v["obs"].copy(), {}
+
+    def replay(self, actions: list[list[Any]]) -> np.ndarray:
+        """Step each env through its recorded actions (``actions[i]``: env i's since its last reset); the
+        observations after them."""
+        self._all("replay", [[actions[i] for i in range(lo, hi)] for lo, hi in self.shards])
+        return self._v["obs"].copy()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for conn, proc in zip(self.conns, self.procs):
+            try:
+                if proc.is_alive():
+                    conn.send(("close", None))
+                    if conn.poll(5.0):
+                        conn.recv()
+            except (EOFError, OSError, BrokenPipeError):
+                pass
+            proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5.0)
+            conn.close()
+
+    def __del__(self) -> None:  # a trainer that was never closed (an error in a test) leaves no processes
+        with contextlib.suppress(Exception):  # at interpreter shutdown
+            self.close()

@@ -152,12 +152,21 @@ def render(names: list[str]) -> str:
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
+    done = {}
+    if a.reuse:
+        old = json.loads(resultio.results_file(a.reuse).read_text())
+        if (old["train_problems"], old["l2"], old["task"]) != (a.train_problems, a.l2, a.task):
+            raise SystemExit(f"{a.reuse} was measured with other settings (train problems, l2, task)")
+        done = old["runs"]
     runs: dict[str, dict[str, dict[str, float]]] = {}
     for m in a.methods:
         runs[m] = {}
         for d in sorted((a.out / "runs" / a.task / m).glob("seed_*"), key=lambda p: int(p.name.split("_")[1])):
-            if (d / "model" / "config.json").is_file():
-                runs[m][d.name.split("_")[1]] = r = measure_run(d, a.train_problems, a.val_limit, a.l2)
+            seed = d.name.split("_")[1]
+            if seed in done.get(m, {}):
+                runs[m][seed] = done[m][seed]
+            elif (d / "model" / "config.json").is_file():
+                runs[m][seed] = r = measure_run(d, a.train_problems, a.val_limit, a.l2)
                 print(m, d.name, {k: round(v, 3) for k, v in r.items()}, flush=True)
     return {"benchmark": "selfreport_probe", "task": a.task, "out": str(a.out), "train_problems": a.train_problems,
             "l2": a.l2, "runs": runs, "claims": decide_all(runs)}
@@ -171,6 +180,8 @@ def main() -> None:
     ap.add_argument("--train-problems", type=int, default=2000, help="train answers the probe is fit on")
     ap.add_argument("--val-limit", type=int, default=None, help="validation problems (default: all)")
     ap.add_argument("--l2", type=float, default=1e-3, help="the probe's L2 penalty per weight")
+    ap.add_argument("--reuse", default=None, metavar="JSON",
+                    help="a result of this script whose runs are taken as measured (same settings), not measured again")
     resultio.main(ap, measure, render, needs="out")
 
 

@@ -146,7 +146,8 @@ def main() -> None:
                     help="print the markdown of a saved result (default benchmarks/results/ppo_process_speed.json)")
     args = ap.parse_args()
     if args.render is not None:
-        print(render(Path(args.render)))
+        path = Path(args.render)
+        print(render(path if path.exists() else RESULT.parent / path.name))  # a name in benchmarks/results/
         return
     result = measure(args)
     print(json.dumps({k: v for k, v in result.items() if k != "per_round"}))

@@ -45,12 +45,14 @@ def report_row(name: str, method: str) -> list[str] | None:
 SECTIONS = {"seed": "The seed's claims",
             "arith16": "Reflection and calibration on arith (refgrpo, rlcr, refgrpo-seed against GRPO)",
             "arith13": "Reflection and calibration on arith (refgrpo, rlcr, refgrpo-seed against GRPO)",
+            "arith17": "Self-reports a constant cannot win, on arith (rlcr's rank reward, refgrpo's balanced agreement)",
             "text2sql13": "Reflection on text2sql (refgrpo against GRPO, multi-turn)",
             "gear": "Finer credit from self-distillation (gear-seed, gear against GRPO)",
             "exgrpo": "Learning from experience (exgrpo against Dr.GRPO, exgrpo-seed against GRPO)",
             "rag": "The search agent (rag: GRPO, refgrpo-seed per turn, refgrpo, rlcr)"}
 HEADLINE = (  # (results file, method, section): each method's comparison on each task at its current recipe
     ("llm_claims_arith16.json", "refgrpo", "arith16"), ("llm_claims_arith16.json", "rlcr", "arith16"),
+    ("llm_claims_arith17.json", "rlcr-rank", "arith17"), ("llm_claims_arith17.json", "refgrpo-balanced", "arith17"),
     ("llm_claims_arith13.json", "refgrpo-seed", "arith13"), ("llm_claims_arith14.json", "gear-seed", "gear"),
     ("llm_claims_arith14gear.json", "gear", "gear"), ("llm_claims_arith15.json", "exgrpo", "exgrpo"),
     ("llm_claims_text2sql13.json", "refgrpo", "text2sql13"), ("llm_claims_codegen14.json", "gear-seed", "gear"),

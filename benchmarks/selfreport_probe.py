@@ -33,7 +33,7 @@ import resultio
 import torch
 
 from reflectrl.eval.calibration import auroc
-from reflectrl.eval.stats import claim_text, compare_samples, decide
+from reflectrl.eval.stats import compare_samples, decide
 
 CHECKS = {"probe_auroc": 0.5, "stated_auroc": 0.5, "reflection_minus_best_constant": 0.0}
 
@@ -129,25 +129,68 @@ def decide_all(per_method: dict[str, dict[str, dict[str, float]]]) -> dict[str, 
     return out
 
 
+def cell(claim: dict | None, ref: float) -> str:
+    """A check's mean (its reference added back) with its t interval, Holm p and verdict."""
+    if claim is None:
+        return "n/a"
+    lo, hi = claim["ci"]
+    return f"{claim['effect'] + ref:.3f} [{lo + ref:.3f}, {hi + ref:.3f}], p = {claim['p_holm']:.3g}: {claim['verdict']}"
+
+
 def render_one(data: dict) -> str:
-    cols = [*CHECKS, "probe_minus_stated"]
+    cols = {**CHECKS, "probe_minus_stated": 0.0}
     head = {"probe_auroc": "probe AUROC (> 0.5?)", "stated_auroc": "stated-confidence AUROC (> 0.5?)",
             "reflection_minus_best_constant": "reflection acc. - best constant (> 0?)",
-            "probe_minus_stated": "probe - stated AUROC"}
+            "probe_minus_stated": "probe - stated AUROC, paired (> 0?)"}
     lines = ["| method | seeds | validation accuracy | " + " | ".join(head[c] for c in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
     for m, runs in data["runs"].items():
         acc = np.mean([r["validation_accuracy"] for r in runs.values()])
-        cells = []
-        for c in cols:
-            claim = data["claims"][m].get(c)
-            cells.append("n/a" if claim is None else f"{claim_text(claim)}, {claim['verdict']}")
+        cells = [cell(data["claims"][m].get(c), ref) for c, ref in cols.items()]
         lines.append(f"| {m} | {len(runs)} | {acc:.3f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + (f"\n\nMean over seeds [95% t CI], Holm p over the table (exact sign-flip tests per seed); "
+                               f"probe fit on {data['train_problems']} train answers, L2 {data['l2']:g}.")
+
+
+CHOICE_KEYS = ("validation_accuracy", "stated_auroc", "reflection_minus_best_constant")
+
+
+def decide_choices(runs: dict[str, dict[str, dict[str, float]]], pairs: list[str]) -> dict[str, dict[str, dict]]:
+    """Per ``PLAIN:NEW`` pair of methods, the paired difference NEW - PLAIN on the validation problems of each
+    :data:`CHOICE_KEYS` (higher is better), by the one rule, Holm over the pairs' claims."""
+    cells = []
+    for pair in pairs:
+        plain, new = pair.split(":")
+        for k in CHOICE_KEYS:
+            both = [(runs[new][s][k], runs[plain][s][k]) for s in runs[new] if s in runs[plain]
+                    and math.isfinite(runs[new][s].get(k, math.nan)) and math.isfinite(runs[plain][s].get(k, math.nan))]
+            if both:
+                x = np.array(both)
+                cells.append((pair, k, compare_samples(x[:, 0], x[:, 1], paired=True,
+                                                       margin=0.02 if k == "validation_accuracy" else None)))
+    out: dict[str, dict[str, dict]] = {}
+    for (pair, k, _), c in zip(cells, decide([c for *_, c in cells])):
+        out.setdefault(pair, {})[k] = c
+    return out
+
+
+def render_choices(data: dict) -> str:
+    if not data.get("choices"):
+        return ""
+    lines = ["| new - plain, paired by seed, validation problems | " + " | ".join(CHOICE_KEYS) + " |",
+             "|---|" + "---|" * len(CHOICE_KEYS)]
+    for pair, claims in data["choices"].items():
+        plain, new = pair.split(":")
+        lines.append(f"| {new} - {plain} | " + " | ".join(
+            "n/a" if claims.get(k) is None else cell(claims[k], 0.0).replace("better", "higher").replace(
+                "worse", "lower") for k in CHOICE_KEYS) + " |")
+    return "\n\n" + "\n".join(lines) + ("\n\nValidation accuracy: 'not lower' with a 2-point margin, as for held-out "
+                                         "accuracy; Holm over this table.")
 
 
 def render(names: list[str]) -> str:
-    return "\n\n".join(render_one(json.loads(resultio.results_file(n).read_text())) for n in names)
+    return "\n\n".join(render_one(d) + render_choices(d)
+                       for d in (json.loads(resultio.results_file(n).read_text()) for n in names))
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
@@ -169,7 +212,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 runs[m][seed] = r = measure_run(d, a.train_problems, a.val_limit, a.l2)
                 print(m, d.name, {k: round(v, 3) for k, v in r.items()}, flush=True)
     return {"benchmark": "selfreport_probe", "task": a.task, "out": str(a.out), "train_problems": a.train_problems,
-            "l2": a.l2, "runs": runs, "claims": decide_all(runs)}
+            "l2": a.l2, "runs": runs, "claims": decide_all(runs), "choices": decide_choices(runs, a.choices)}
 
 
 def main() -> None:
@@ -180,6 +223,8 @@ def main() -> None:
     ap.add_argument("--train-problems", type=int, default=2000, help="train answers the probe is fit on")
     ap.add_argument("--val-limit", type=int, default=None, help="validation problems (default: all)")
     ap.add_argument("--l2", type=float, default=1e-3, help="the probe's L2 penalty per weight")
+    ap.add_argument("--choices", nargs="*", default=[], metavar="PLAIN:NEW",
+                    help="pairs of methods compared on the validation problems (the choice of a default)")
     ap.add_argument("--reuse", default=None, metavar="JSON",
                     help="a result of this script whose runs are taken as measured (same settings), not measured again")
     resultio.main(ap, measure, render, needs="out")

@@ -190,12 +190,14 @@ def main() -> None:
     ap.add_argument("--variant", default=None, help="with --collect: a label for runs of an older recipe")
     ap.add_argument("--part", choices=["learn", "episodes", "throughput", "throughput_real", "reward"], default=None,
                     help="print one table")
+    ap.add_argument("--file", default=None, help="with --part throughput: another result file of llm_throughput.py")
     a = ap.parse_args()
     if a.collect is not None:
         collect(a.collect, a.variant)
         return
     if a.part:
-        print({"learn": learn_tables, "episodes": episode_table, "throughput": throughput_table,
+        print({"learn": learn_tables, "episodes": episode_table,
+               "throughput": lambda: throughput_table(a.file or "llm_throughput.json"),
                "throughput_real": lambda: throughput_table("llm_throughput_real.json"),
                "reward": reward_table}[a.part]())
         return

@@ -28,7 +28,7 @@ def behaviour(path):
     return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "charts/SPS"} for r in read_metrics(path)]
 
 
-@pytest.mark.parametrize("env_id,workers", [("CartPole-v1", 2), ("CartPole-v1", 5), ("Pendulum-v1", 3)])
+@pytest.mark.parametrize("env_id,workers", [("CartPole-v1", 1), ("CartPole-v1", 4), ("Pendulum-v1", 2)])
 def test_workers_give_the_synchronous_run_bit_for_bit(tmp_path, env_id, workers):
     extra = {"num_steps": 128, "total_timesteps": 640 * 3} if env_id == "Pendulum-v1" else {}
     PPO(cfg(tmp_path, "sync", env_id=env_id, **extra)).learn()
@@ -73,21 +73,22 @@ def test_the_worker_env_steps_resets_and_replays_as_the_synchronous_one():
 
 
 def test_a_worker_that_dies_is_one_error_naming_it():
-    env = WorkerVectorEnv("CartPole-v1", 4, 2)
+    env = WorkerVectorEnv("CartPole-v1", 5, 2)
     try:
-        env.reset(seed=[1, 2, 3, 4])
+        assert env.local == (0, 2) and env.shards == [(2, 3), (3, 5)]  # the trainer's shard, then the workers'
+        env.reset(seed=[1, 2, 3, 4, 5])
         os.kill(env.procs[1].pid, signal.SIGKILL)
         env.procs[1].join(5)
-        with pytest.raises(ReflectRLError, match=r"env worker 1 \(envs 2-3\) died"):
-            env.step(np.zeros(4, np.int64))
+        with pytest.raises(ReflectRLError, match=r"env worker 1 \(envs 3-4\) died"):
+            env.step(np.zeros(5, np.int64))
         assert not any(p.is_alive() for p in env.procs)  # the others were closed with it
     finally:
         env.close()
 
 
 def test_impossible_worker_counts_are_refused_before_any_work(tmp_path):
-    with pytest.raises(ConfigError, match="--env-workers 6 is more than --num-envs 5"):
-        PPO(cfg(tmp_path, "x", env_workers=6))
+    with pytest.raises(ConfigError, match="--env-workers 5 needs more than --num-envs 5"):
+        PPO(cfg(tmp_path, "x", env_workers=5))
     with pytest.raises(ConfigError, match="--env-workers must be 0"):
         PPO(cfg(tmp_path, "y", env_workers=-1))
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

@@ -79,8 +79,9 @@ class PPOConfig(RunOptions):
     seed_group_size: int = 1
     """Envs 0..G-1, G..2G-1, ... share the reset seed of their n-th episodes (1: every env its own)."""
     env_workers: int = 0
-    """Step the envs in this many worker processes, each a contiguous shard, over shared memory (0: in the trainer's
-    process). The same run bit for bit; faster where the envs are a large share of the time and cores are free."""
+    """Worker processes that step the envs beside the trainer, over shared memory: the envs split into this many + 1
+    contiguous shards, the trainer stepping the first itself (0: every env in the trainer's process). The same run
+    bit for bit; faster where the envs are a large share of the time and cores are free."""
 
     budget_field = "total_timesteps"
 
@@ -128,8 +129,9 @@ class PPOConfig(RunOptions):
             (len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes), "--hidden-sizes must be positive widths"),
             (self.seed_group_size >= 1, "--seed-group-size must be at least 1"),
             (self.env_workers >= 0, "--env-workers must be 0 (in process) or a number of worker processes"),
-            (self.num_envs is None or self.env_workers <= self.num_envs,
-             f"--env-workers {self.env_workers} is more than --num-envs {self.num_envs}: one env per worker at most"),
+            (self.num_envs is None or self.env_workers < self.num_envs,
+             f"--env-workers {self.env_workers} needs more than --num-envs {self.num_envs}: the trainer steps one shard "
+             "of the envs and each worker another"),
         ]
         check_all(self.run_checks() + checks)
         if None not in (self.num_envs, self.num_steps, self.num_minibatches):

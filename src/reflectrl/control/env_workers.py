@@ -1,12 +1,13 @@
 """PPO's environments in worker processes (``--env-workers K``).
 
-The ``num_envs`` environments are split into K contiguous shards; each shard is a lean vector env
-(:func:`~reflectrl.control.envs.make_vector_env`, autoreset disabled) in a process of its own. Actions go to the
-workers and observations, rewards and episode ends come back through shared-memory arrays; the pipes carry only
-one short command and its acknowledgement per step. All shards step at once, each on its own core, while the
-trainer waits. Every random choice stays in the trainer's process (actions, reset seeds), and each environment
-sees the same calls in the same order as in the synchronous vector env, so a run is bitwise the synchronous run,
-checkpoints and resume included (resume replays each environment's current episode in its worker).
+The ``num_envs`` environments are split into K + 1 contiguous shards, each a lean vector env
+(:func:`~reflectrl.control.envs.make_vector_env`, autoreset disabled): the trainer's process steps the first
+itself, and each of K worker processes one of the others. Actions go to the workers and observations, rewards and
+episode ends come back through shared-memory arrays; the pipes carry only one short command and its
+acknowledgement per step. All shards step at once, each on its own core. Every random choice stays in the
+trainer's process (actions, reset seeds), and each environment sees the same calls in the same order as in the
+synchronous vector env, so a run is bitwise the synchronous run, checkpoints and resume included (resume replays
+each environment's current episode where it lives).
 
 A worker that dies or raises ends the run with one error naming it; the last checkpoint on disk is kept.
 """
@@ -31,6 +32,22 @@ def _views(bufs: dict[str, tuple[Any, str, tuple[int, ...]]]) -> dict[str, np.nd
     return {k: np.frombuffer(raw, dtype=dtype).reshape(shape) for k, (raw, dtype, shape) in bufs.items()}
 
 
+def _serve(envs: Any, v: dict[str, np.ndarray], lo: int, hi: int, cmd: str, arg: Any) -> None:
+    """One command on the envs ``lo .. hi - 1`` (a shard's vector env), through the shared arrays ``v``."""
+    if cmd == "step":
+        obs, rew, term, trunc, _ = envs.step(v["act"][lo:hi])
+        v["obs"][lo:hi], v["rew"][lo:hi], v["term"][lo:hi], v["trunc"][lo:hi] = obs, rew, term, trunc
+    elif cmd == "reset":
+        seeds, mask = arg
+        options = None if mask is None else {"reset_mask": np.asarray(mask, np.bool_)}
+        obs, _ = envs.reset(seed=seeds, options=options)
+        v["obs"][lo:hi] = obs
+    elif cmd == "replay":  # each env's recorded actions since its reset, after a reset to its episode seed
+        for i, actions in enumerate(arg):
+            for a in actions:
+                v["obs"][lo + i], *_ = envs.envs[i].step(a)
+
+
 def _worker(conn: Any, env_id: str, env_kwargs: dict[str, Any], lo: int, hi: int,
             bufs: dict[str, tuple[Any, str, tuple[int, ...]]]) -> None:
     """A worker's loop: own envs ``lo .. hi - 1`` and serve ``step``, ``reset``, ``replay`` and ``close``."""
@@ -42,22 +59,11 @@ def _worker(conn: Any, env_id: str, env_kwargs: dict[str, Any], lo: int, hi: int
         conn.send(("ok", None))
         while True:
             cmd, arg = conn.recv()
-            if cmd == "step":
-                obs, rew, term, trunc, _ = envs.step(v["act"][lo:hi])
-                v["obs"][lo:hi], v["rew"][lo:hi], v["term"][lo:hi], v["trunc"][lo:hi] = obs, rew, term, trunc
-            elif cmd == "reset":
-                seeds, mask = arg
-                options = None if mask is None else {"reset_mask": np.asarray(mask, np.bool_)}
-                obs, _ = envs.reset(seed=seeds, options=options)
-                v["obs"][lo:hi] = obs
-            elif cmd == "replay":  # each env's recorded actions since its reset, after a reset to its episode seed
-                for i, actions in enumerate(arg):
-                    for a in actions:
-                        v["obs"][lo + i], *_ = envs.envs[i].step(a)
-            elif cmd == "close":
+            if cmd == "close":
                 envs.close()
                 conn.send(("ok", None))
                 return
+            _serve(envs, v, lo, hi, cmd, arg)
             conn.send(("ok", None))
     except (EOFError, KeyboardInterrupt):  # the trainer went away, or Ctrl-C reached the whole process group
         return
@@ -66,15 +72,16 @@ def _worker(conn: Any, env_id: str, env_kwargs: dict[str, Any], lo: int, hi: int
 
 
 class WorkerVectorEnv:
-    """``num_envs`` copies of ``env_id`` in ``workers`` processes, with the interface of the lean vector env that
+    """``num_envs`` copies of ``env_id`` in ``workers + 1`` contiguous shards: the first stepped by the trainer's
+    process itself, the others each by a worker process, all at once. The interface is the lean vector env's that
     reflectrl's control trainers use: ``step``, ``reset(seed=, options={"reset_mask": ...})``, ``replay`` and
     ``close``, and ``num_envs`` and the single spaces."""
 
     def __init__(self, env_id: str, num_envs: int, workers: int, **env_kwargs: Any):
         from .envs import make_vector_env
 
-        if not 1 <= workers <= num_envs:
-            raise ReflectRLError(f"--env-workers must be between 1 and --num-envs ({num_envs}), got {workers}")
+        if not 1 <= workers < num_envs:
+            raise ReflectRLError(f"--env-workers must be between 1 and --num-envs - 1 ({num_envs - 1}), got {workers}")
         probe = make_vector_env(env_id, 1, **env_kwargs)
         self.single_observation_space = probe.single_observation_space
         self.single_action_space = probe.single_action_space
@@ -91,8 +98,10 @@ class WorkerVectorEnv:
         bufs = {k: (ctx.RawArray("b", max(int(np.prod(shape)) * dt.itemsize, 1)), dt.str, shape)
                 for k, (shape, dt) in specs.items()}
         self._v = _views(bufs)
-        bounds = np.linspace(0, num_envs, workers + 1).round().astype(int)
-        self.shards = [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        bounds = np.linspace(0, num_envs, workers + 2).round().astype(int)
+        spans = [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        self.local, self.shards = spans[0], spans[1:]  # the trainer's own shard; the workers'
+        self._local_envs = make_vector_env(env_id, self.local[1], **env_kwargs)
         self.conns, self.procs = [], []
         for k, (lo, hi) in enumerate(self.shards):
             parent, child = ctx.Pipe()
@@ -131,12 +140,16 @@ class WorkerVectorEnv:
                              f"{str(detail).strip().splitlines()[-1] if detail else status}")
 
     def _all(self, cmd: str, args: list[Any] | None = None) -> None:
-        which = [k for k in range(len(self.shards)) if args is None or args[k] is not None]
+        """``cmd`` on every shard (``args``: one per shard, the trainer's first; None skips a shard): the workers'
+        sent first, the trainer's own run while they work, then their acknowledgements."""
+        which = [k for k in range(len(self.shards)) if args is None or args[k + 1] is not None]
         for k in which:
             try:
-                self.conns[k].send((cmd, None if args is None else args[k]))
+                self.conns[k].send((cmd, None if args is None else args[k + 1]))
             except OSError:  # a broken pipe: the worker is gone
                 self._fail(k, "died", None)
+        if args is None or args[0] is not None:
+            _serve(self._local_envs, self._v, *self.local, cmd, None if args is None else args[0])
         self._wait(which)
 
     # ------------------------------------------------------------------ the vector env
@@ -150,7 +163,7 @@ class WorkerVectorEnv:
               ) -> tuple[np.ndarray, dict]:
         mask = None if options is None else options.get("reset_mask")
         args: list[Any] = []
-        for lo, hi in self.shards:
+        for lo, hi in [self.local, *self.shards]:
             m = None if mask is None else np.asarray(mask[lo:hi], np.bool_)
             seeds = None if seed is None else list(seed[lo:hi])
             args.append(None if m is not None and not m.any() else (seeds, None if m is None else m.tolist()))
@@ -160,13 +173,14 @@ class WorkerVectorEnv:
     def replay(self, actions: list[list[Any]]) -> np.ndarray:
         """Step each env through its recorded actions (``actions[i]``: env i's since its last reset); the
         observations after them."""
-        self._all("replay", [[actions[i] for i in range(lo, hi)] for lo, hi in self.shards])
+        self._all("replay", [[actions[i] for i in range(lo, hi)] for lo, hi in [self.local, *self.shards]])
         return self._v["obs"].copy()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._local_envs.close()
         for conn, proc in zip(self.conns, self.procs):
             try:
                 if proc.is_alive():

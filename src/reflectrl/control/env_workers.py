@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..errors import ReflectRLError
+from .envs import make_vector_env, step_each
 
 _POLL_S = 1.0  # how often a waiting trainer checks that its workers are alive
 
@@ -43,16 +44,12 @@ def _serve(envs: Any, v: dict[str, np.ndarray], lo: int, hi: int, cmd: str, arg:
         obs, _ = envs.reset(seed=seeds, options=options)
         v["obs"][lo:hi] = obs
     elif cmd == "replay":  # each env's recorded actions since its reset, after a reset to its episode seed
-        for i, actions in enumerate(arg):
-            for a in actions:
-                v["obs"][lo + i], *_ = envs.envs[i].step(a)
+        step_each(envs, arg, v["obs"][lo:hi])
 
 
 def _worker(conn: Any, env_id: str, env_kwargs: dict[str, Any], lo: int, hi: int,
             bufs: dict[str, tuple[Any, str, tuple[int, ...]]]) -> None:
     """A worker's loop: own envs ``lo .. hi - 1`` and serve ``step``, ``reset``, ``replay`` and ``close``."""
-    from .envs import make_vector_env
-
     try:
         envs = make_vector_env(env_id, hi - lo, **env_kwargs)
         v = _views(bufs)
@@ -78,8 +75,6 @@ class WorkerVectorEnv:
     ``close``, and ``num_envs`` and the single spaces."""
 
     def __init__(self, env_id: str, num_envs: int, workers: int, **env_kwargs: Any):
-        from .envs import make_vector_env
-
         if not 1 <= workers < num_envs:
             raise ReflectRLError(f"--env-workers must be between 1 and --num-envs - 1 ({num_envs - 1}), got {workers}")
         probe = make_vector_env(env_id, 1, **env_kwargs)

@@ -183,15 +183,22 @@ def reset_done(envs: gym.vector.SyncVectorEnv, tracker: EpisodeTracker, obs: np.
     return obs
 
 
+def step_each(envs: gym.vector.SyncVectorEnv, actions: list[list], obs: np.ndarray) -> None:
+    """Step each sub-env ``i`` through ``actions[i]`` on its own (not through the vector env), writing the
+    observation after its last action into ``obs[i]``."""
+    for i, acts in enumerate(actions):
+        for a in acts:
+            obs[i], *_ = envs.envs[i].step(a)
+
+
 def replay(envs: gym.vector.SyncVectorEnv, tracker: EpisodeTracker) -> np.ndarray:
-    """Rebuild each sub-env's state: reset from its episode seed, then re-apply its recorded actions."""
+    """Rebuild each sub-env's state: reset from its episode seed, then re-apply its recorded actions (envs in
+    worker processes, :mod:`reflectrl.control.env_workers`, re-apply them where they live)."""
     obs = reset_all(envs, tracker)
-    if hasattr(envs, "replay"):  # envs in worker processes (reflectrl.control.env_workers) replay there
-        return np.array(envs.replay([tracker.episode_actions(i) for i in range(envs.num_envs)]), copy=True)
-    for i, env in enumerate(envs.envs):
-        for a in tracker.episode_actions(i):
-            o, *_ = env.step(a)
-            obs[i] = o
+    actions = [tracker.episode_actions(i) for i in range(envs.num_envs)]
+    if hasattr(envs, "replay"):
+        return np.array(envs.replay(actions), copy=True)
+    step_each(envs, actions, obs)
     return obs
 
 

@@ -22,6 +22,7 @@ from .scripted import script
     ("refgrpo", ["--refgrpo-reward", "balanced", "--refgrpo-credit", "split"]),
     ("refgrpo", ["--refgrpo-reward", "rank", "--refgrpo-credit", "split"]),
     ("rlcr", ["--rlcr-calibration", "rank", "--rlcr-credit", "split"]),
+    ("rlcr", ["--rlcr-calibration", "rank-balanced", "--rlcr-credit", "split"]),
 ])
 def test_new_flags_train_through_the_cli(tiny_dir, tmp_path, capsys, algo, flags):
     run = tmp_path / "r"
@@ -35,18 +36,21 @@ def test_new_flags_train_through_the_cli(tiny_dir, tmp_path, capsys, algo, flags
     assert f'"{flags[1]}"' in cfg  # the option is recorded (a resume continues with it)
 
 
-def test_rlcr_rank_without_split_is_one_error(tiny_dir, capsys):
+@pytest.mark.parametrize("kind", ["rank", "rank-balanced"])
+def test_rlcr_rank_without_split_is_one_error(tiny_dir, capsys, kind):
     code = main(["llm", "train", "--algo", "rlcr", "--task", "toy-add", "--model", str(tiny_dir),
-                 "--rlcr-calibration", "rank", "--no-progress"])
+                 "--rlcr-calibration", kind, "--no-progress"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1
-    assert re.search(r"^error: --rlcr-calibration rank takes --rlcr-credit split", lines[0]), lines[0]
+    assert re.search(rf"^error: --rlcr-calibration {kind} takes --rlcr-credit split", lines[0]), lines[0]
 
 
 @pytest.mark.parametrize("algo,opts", [
     ("refgrpo", {"refgrpo_reward": "balanced", "refgrpo_credit": "split"}),
     ("refgrpo", {"refgrpo_reward": "rank", "refgrpo_credit": "split"}),
     ("rlcr", {"rlcr_calibration": "rank", "rlcr_credit": "split"}),
+    ("refgrpo", {"refgrpo_reward": "rank-balanced", "refgrpo_credit": "split"}),
+    ("rlcr", {"rlcr_calibration": "rank-balanced", "rlcr_credit": "split"}),
 ])
 def test_report_turn_takes_the_new_term_s_group_advantage(tiny_dir, tmp_path, algo, opts):
     """Scripted answers (right and wrong in every group, both reports each): the report turn's tokens carry the
@@ -62,12 +66,12 @@ def test_report_turn_takes_the_new_term_s_group_advantage(tiny_dir, tmp_path, al
     correct = b.correct.float()
     key = "reflection" if algo == "refgrpo" else "confidence"
     report = as_nan([i[-1].get(key) for i in b.infos])
-    if algo == "rlcr":
-        term = group_rank_reward(correct, report, groups)
-    elif opts["refgrpo_reward"] == "balanced":
+    kind = opts.get("rlcr_calibration") or opts["refgrpo_reward"]
+    if kind == "balanced":
         term = balanced_reflection_bonus(correct, report, 0.1, groups)
     else:
-        term = 0.1 * group_rank_reward(correct, report, groups)
+        term = group_rank_reward(correct, report, groups, balanced=kind == "rank-balanced")
+        term = term if algo == "rlcr" else 0.1 * term
     want_report, want_answer = group_advantages(term, groups), group_advantages(correct, groups)
     assert want_report.abs().sum() > 0 and not torch.isnan(report).any()  # not vacuous
     for r in range(b.rows):

@@ -181,3 +181,35 @@ def test_rlcr_rank_needs_split_credit():
     with pytest.raises(ConfigError, match="--rlcr-calibration rank takes --rlcr-credit split"):
         check_all(RLCROptions(rlcr_calibration="rank").validate_rlcr())
     check_all(RLCROptions(rlcr_calibration="rank", rlcr_credit="split").validate_rlcr())
+
+
+def test_balanced_rank_reward_hand_case():
+    """One success at 0.9 against failures at 0.5, 0.95 and 0.1: unweighted, the success earns 2/3 - 1/2 = 1/6 and
+    the failures +1/2, -1/2, +1/2. Balanced, the success is weighted (1 + 3) / (2 * 1) = 2 and each failure
+    (1 + 3) / (2 * 3) = 2/3: 1/3, 1/3, -1/3, 1/3; the group's mean is still its AUROC (2/3) minus 1/2."""
+    o, q, g = t([1, 0, 0, 0]), t([0.9, 0.5, 0.95, 0.1]), groups_of(4, 4)
+    torch.testing.assert_close(group_rank_reward(o, q, g), t([1 / 6, 0.5, -0.5, 0.5]))
+    got = group_rank_reward(o, q, g, balanced=True)
+    torch.testing.assert_close(got, t([1 / 3, 1 / 3, -1 / 3, 1 / 3]))
+    assert float(got.mean()) == pytest.approx(2 / 3 - 0.5)
+
+
+def test_balanced_rank_reward_gives_each_outcome_the_same_total_weight():
+    """A group of one success and three failures, every report tied at 0.5. Moving one row's report up alone by a
+    little: the success goes from tying every failure to beating them (+1/2), a failure from tying the success to
+    being below it (-1/2 each). Summed over the rows, the pull on a shared level is 1/2 - 3/2 = -1 unweighted: the
+    failures win three to one. Balanced (weights 2 and 2/3) it is 1 - 1 = 0. A constant still earns 0, an
+    all-equal group 0; a missing report counts in neither class."""
+    o, g = t([1, 0, 0, 0]), groups_of(4, 4)
+    base = torch.full((4,), 0.5)
+    for balanced, want in ((False, -1.0), (True, 0.0)):
+        pull = [float(group_rank_reward(o, base + 0.01 * (torch.arange(4) == i), g, balanced)[i]
+                      - group_rank_reward(o, base, g, balanced)[i]) for i in range(4)]
+        assert pull[0] > 0 and all(p < 0 for p in pull[1:])
+        assert sum(pull) == pytest.approx(want, abs=1e-6)
+    torch.testing.assert_close(group_rank_reward(o, base, g, balanced=True), torch.zeros(4))
+    torch.testing.assert_close(group_rank_reward(t([1, 1, 1, 1]), t([0.1, 0.5, 0.3, 0.7]), g, balanced=True),
+                               torch.zeros(4))
+    # with the second failure's report missing, the counts are 1 and 2: weights 3/2 and 3/4
+    got = group_rank_reward(o, t([0.9, 0.5, NAN, 0.1]), g, balanced=True)
+    torch.testing.assert_close(got, t([1.5 * 0.5, 0.75 * 0.5, 0.0, 0.75 * 0.5]))

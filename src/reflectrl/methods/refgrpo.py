@@ -16,7 +16,8 @@ longer reinforced by the outcome whatever it says.
 ``--refgrpo-reward`` (reflectrl's, not the paper's; docs/methods-llm.md) picks the bonus: ``agreement`` (the
 paper's), ``balanced`` (the agreement weighted by the inverse frequency of the row's outcome in its group, so that
 every constant reflection earns c/2 and only discrimination earns more) or ``rank`` (c times the group rank reward
-of :func:`~reflectrl.methods.rewards.group_rank_reward`: a constant reflection earns 0).
+of :func:`~reflectrl.methods.rewards.group_rank_reward`: a constant reflection earns 0) or ``rank-balanced`` (the
+same, each outcome's rows weighted by the inverse of their count in the group).
 """
 
 from __future__ import annotations
@@ -48,11 +49,12 @@ class RefGRPOOptions:
     """episode: the bonus joins the outcome and every token takes the episode's advantage (the paper); split: the
     answer's tokens take the outcome's group advantage, the reflection turn's the bonus's (a bonus the same
     across a group, or c = 0 after the step schedule, gives them 0)."""
-    refgrpo_reward: Literal["agreement", "balanced", "rank"] = "agreement"
+    refgrpo_reward: Literal["agreement", "balanced", "rank", "rank-balanced"] = "agreement"
     """The bonus: agreement: c * 1[reflection == outcome] (the paper); balanced: the agreement weighted by
     1 / (2 P(o = o_i)) within the row's group (every constant reflection earns c/2, a perfect one c); rank: c times
-    the group rank reward (a constant reflection earns 0, a perfect one c/2). balanced and rank give 0 in a group
-    whose outcomes are all equal (docs/methods-llm.md)."""
+    the group rank reward (a constant reflection earns 0, a perfect one c/2); rank-balanced: the same, each
+    outcome's rows weighted by the inverse of their count in the group. balanced and the rank forms give 0 in a
+    group whose outcomes are all equal (docs/methods-llm.md)."""
 
     def validate_refgrpo(self) -> list[tuple[bool, str]]:
         return [(self.refgrpo_c >= 0, "--refgrpo-c must be non-negative"),
@@ -110,8 +112,9 @@ class RefGRPO:
         """``[R]`` the bonus of ``--refgrpo-reward`` at coefficient ``c``."""
         if self.o.refgrpo_reward == "balanced":
             return balanced_reflection_bonus(correct, reflection, c, row_groups(batch))
-        if self.o.refgrpo_reward == "rank":
-            return c * group_rank_reward(correct, reflection, row_groups(batch))
+        if self.o.refgrpo_reward in ("rank", "rank-balanced"):
+            return c * group_rank_reward(correct, reflection, row_groups(batch),
+                                         balanced=self.o.refgrpo_reward == "rank-balanced")
         return reflection_bonus(correct, reflection, c)
 
     def metrics(self) -> dict[str, float]:

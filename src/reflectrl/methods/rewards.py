@@ -62,13 +62,18 @@ def balanced_reflection_bonus(correct: Tensor, reflection: Tensor, c: float, gro
     return reflection_bonus(ok, reflection, c) * weight
 
 
-def group_rank_reward(correct: Tensor, report: Tensor, groups: Tensor) -> Tensor:
+def group_rank_reward(correct: Tensor, report: Tensor, groups: Tensor, balanced: bool = False) -> Tensor:
     """The group rank reward ``[R]`` of stated reports (confidences, or reflections in {0, 1}; docs/methods-llm.md),
     coefficient 1: a success earns the share of its group's failures whose report it exceeds (ties count one half)
     minus 1/2; a failure the share of its group's successes whose report exceeds its own (ties one half) minus
     1/2. A constant reporter earns 0, a perfect one +1/2 on every row; the group's mean is its AUROC minus 1/2.
     A row with a missing report (NaN) earns 0 and is left out of the others' pairs; a row with no valid partner
     of the other outcome (a group whose outcomes are all equal) earns 0.
+
+    ``balanced``: each row's term is weighted by ``(n_s + n_f) / (2 n_c)``, with n_s and n_f the group's valid
+    successes and failures and n_c those of the row's own outcome, so that both outcomes carry the same total weight
+    (a group of one success and three failures no longer pushes a shared report level down three times as hard as
+    up). The group's mean is still its AUROC minus 1/2.
 
     ``correct [R]`` in {0, 1}, ``report [R]`` (NaN: missing), ``groups [R]`` the rows' group ids."""
     R = correct.shape[0]
@@ -86,6 +91,10 @@ def group_rank_reward(correct: Tensor, report: Tensor, groups: Tensor) -> Tensor
     n_fail, n_succ = pair.sum(2), pair.sum(1)
     as_success = (pair * above).sum(2) / n_fail.clamp_min(1) - 0.5
     as_failure = (pair * above).sum(1) / n_succ.clamp_min(1) - 0.5  # the successes above it
+    if balanced:  # n_fail of a success is the group's valid failures, n_succ of a failure its valid successes
+        size = (succ.sum(1) + fail.sum(1)).to(report.dtype)[:, None]
+        as_success = as_success * size / (2 * succ.sum(1, keepdim=True).clamp_min(1))
+        as_failure = as_failure * size / (2 * fail.sum(1, keepdim=True).clamp_min(1))
     out = torch.where(succ & (n_fail > 0), as_success, torch.where(fail & (n_succ > 0), as_failure, 0.0))
     return out[inv, pos].to(correct.dtype)
 

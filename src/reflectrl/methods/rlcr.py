@@ -20,7 +20,8 @@ that never answers and states low confidences earn about 0.
 ``--rlcr-calibration rank`` (reflectrl's, not the paper's; docs/methods-llm.md) puts the group rank reward
 (:func:`~reflectrl.methods.rewards.group_rank_reward`) in place of the Brier term on the confidence turn's tokens
 (it takes ``--rlcr-credit split``): a confidence earns by ranking its own episode against the group's episodes of
-the other outcome, so that a constant confidence earns 0 whatever the accuracy.
+the other outcome, so that a constant confidence earns 0 whatever the accuracy; ``rank-balanced`` weights each
+outcome's rows by the inverse of their count in the group.
 """
 
 from __future__ import annotations
@@ -54,19 +55,20 @@ class RLCROptions:
     rlcr_credit: Credit = "episode"
     """episode: R = 1[correct] - (q - 1[correct])^2 on every token (the paper); split: the answer's tokens take the
     accuracy term's group advantage, the confidence turn's tokens the calibration term's."""
-    rlcr_calibration: Literal["brier", "rank"] = "brier"
+    rlcr_calibration: Literal["brier", "rank", "rank-balanced"] = "brier"
     """The calibration term: brier: -(q - 1[correct])^2 (the paper); rank: the group rank reward (within each
     group, a right answer's confidence against the wrong answers', a wrong answer's against the right answers':
-    1 above, 1/2 tied, minus 1/2; a constant confidence earns 0; docs/methods-llm.md). rank takes --rlcr-credit
-    split."""
+    1 above, 1/2 tied, minus 1/2; a constant confidence earns 0; docs/methods-llm.md); rank-balanced: the same with
+    each outcome's rows weighted by the inverse of their count in the group, so that the many failures of a weak
+    start do not pull the shared level down. rank and rank-balanced take --rlcr-credit split."""
 
     def validate_rlcr(self) -> list[tuple[bool, str]]:
         return [(self.rlcr_format_penalty <= 0, "--rlcr-format-penalty must be <= 0"),
                 (self.rlcr_confidence != "steps" or self.rlcr_credit == "episode",
                  "--rlcr-confidence steps takes --rlcr-credit episode (the turns' confidences share them with actions)"),
-                (self.rlcr_calibration != "rank" or self.rlcr_credit == "split",
-                 "--rlcr-calibration rank takes --rlcr-credit split (the rank term goes on the confidence turn's "
-                 "tokens; the answer's tokens keep the accuracy term's advantage)")]
+                (self.rlcr_calibration == "brier" or self.rlcr_credit == "split",
+                 f"--rlcr-calibration {self.rlcr_calibration} takes --rlcr-credit split (the rank term goes on the "
+                 "confidence turn's tokens; the answer's tokens keep the accuracy term's advantage)")]
 
 
 class RLCR:
@@ -103,8 +105,9 @@ class RLCR:
         self._metrics = {"rlcr/reward_mean": float(target.mean()), "rlcr/missing_rate": missing, "rlcr/brier": brier,
                          **({} if unanswered is None else {"rlcr/unanswered_rate": float(unanswered.float().mean())})}
         if self.o.rlcr_credit == "split":
-            if self.o.rlcr_calibration == "rank":  # rows with the format penalty stay out of the others' pairs
-                term = group_rank_reward(correct, torch.where(valid, q, nan), row_groups(batch))
+            if self.o.rlcr_calibration != "brier":  # rows with the format penalty stay out of the others' pairs
+                term = group_rank_reward(correct, torch.where(valid, q, nan), row_groups(batch),
+                                         balanced=self.o.rlcr_calibration == "rank-balanced")
                 self._metrics["rlcr/rank_mean"] = float(term[valid].mean()) if valid.any() else float("nan")
             else:
                 term = brier_term(correct, q)

@@ -16,6 +16,8 @@ on a model warmed up with ``--self-report inline``, whose answers carry the tag)
 Four rows without a bar split the asked self-report's cost in two: ``grpo-reflect`` / ``grpo-confidence`` is GRPO
 asking the same question after each episode (the turn trained, no bonus) against plain GRPO, the turn's own cost;
 ``refgrpo@asked`` / ``rlcr@asked`` is the method against that GRPO, what the method adds beyond its turn.
+``refgrpo-kept`` and ``rlcr-kept`` are the methods with ``--engine-options reuse_cache=true``: the report turn
+continues each row's KV cache instead of prefilling the transcript again (bar 1.10 against GRPO).
 ``exgrpo-seed-terminal`` is exgrpo-seed with ``--refl-credit terminal`` (its LLM default before this version);
 ``exgrpo-seed-lm`` is exgrpo-seed with the language-model reflector (``--refl-reflector lm``: the policy grades every
 episode), against GRPO and (``@network``) against exgrpo-seed's network reflector. A subset of rows
@@ -51,6 +53,9 @@ RUNS = {  # label: (algo, extra options) of one training run per round
     "exgrpo-seed": ("exgrpo-seed", {}),
     "exgrpo-seed-terminal": ("exgrpo-seed", {"refl_credit": "terminal"}),
     "exgrpo-seed-lm": ("exgrpo-seed", {"refl_reflector": "lm"}),
+    # the asked self-report turn with each row's KV cache kept from the answer (no second prefill)
+    "refgrpo-kept": ("refgrpo", {"engine_options": ("reuse_cache=true",)}),
+    "rlcr-kept": ("rlcr", {"engine_options": ("reuse_cache=true",)}),
 }
 METHODS = {  # row label: (run, baseline run, bar; None: a decomposition row without a bar)
     "refgrpo": ("refgrpo", "grpo", 1.05),
@@ -71,6 +76,9 @@ METHODS = {  # row label: (run, baseline run, bar; None: a decomposition row wit
     "refgrpo@asked": ("refgrpo", "grpo-reflect", None),
     "grpo-confidence": ("grpo-confidence", "grpo", None),
     "rlcr@asked": ("rlcr", "grpo-confidence", None),
+    # the asked turn without its second prefill (--engine-options reuse_cache=true), against plain GRPO
+    "refgrpo-kept": ("refgrpo-kept", "grpo", 1.10),
+    "rlcr-kept": ("rlcr-kept", "grpo", 1.10),
 }
 
 

@@ -11,6 +11,7 @@ from reflectrl.algos import get_algo
 from reflectrl.cli import main
 from reflectrl.contract.base import as_nan
 from reflectrl.core.advantages import group_advantages
+from reflectrl.methods.refgrpo import batch_scaled_advantages
 from reflectrl.methods.rewards import balanced_reflection_bonus, group_rank_reward
 from reflectrl.runlog import read_metrics
 
@@ -72,7 +73,8 @@ def test_report_turn_takes_the_new_term_s_group_advantage(tiny_dir, tmp_path, al
     else:
         term = group_rank_reward(correct, report, groups, balanced=kind == "rank-balanced")
         term = term if algo == "rlcr" else 0.1 * term
-    want_report, want_answer = group_advantages(term, groups), group_advantages(correct, groups)
+    scaled = batch_scaled_advantages if kind == "rank-balanced" else group_advantages
+    want_report, want_answer = scaled(term, groups), group_advantages(correct, groups)
     assert want_report.abs().sum() > 0 and not torch.isnan(report).any()  # not vacuous
     for r in range(b.rows):
         m = b.completion_mask[r]

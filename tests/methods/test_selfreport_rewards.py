@@ -9,7 +9,7 @@ import torch
 from reflectrl.contract.base import MethodRunner, StepBatch, as_nan
 from reflectrl.core.advantages import group_advantages
 from reflectrl.errors import ConfigError
-from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions
+from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions, batch_scaled_advantages
 from reflectrl.methods.rewards import balanced_reflection_bonus, group_rank_reward, reflection_bonus
 from reflectrl.methods.rlcr import RLCR, RLCROptions
 from reflectrl.trainer import check_all
@@ -213,3 +213,40 @@ def test_balanced_rank_reward_gives_each_outcome_the_same_total_weight():
     # with the second failure's report missing, the counts are 1 and 2: weights 3/2 and 3/4
     got = group_rank_reward(o, t([0.9, 0.5, NAN, 0.1]), g, balanced=True)
     torch.testing.assert_close(got, t([1.5 * 0.5, 0.75 * 0.5, 0.0, 0.75 * 0.5]))
+
+
+def test_batch_scaled_advantages_hand_case():
+    """Centred in each group, divided by one std over the rows of the groups that hold a nonzero centred value:
+    group 1 (all equal) gets 0 and stays out of the std."""
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    r = t([1, 0, 0, 0, 0, 0, 0, 0, 0.5, 0.5, -0.5, 0.5])
+    centred = t([0.75, -0.25, -0.25, -0.25, 0.25, 0.25, -0.75, 0.25])
+    want = torch.cat([centred[:4], torch.zeros(4), centred[4:]]) / centred.std()
+    torch.testing.assert_close(batch_scaled_advantages(r, g), want)
+    torch.testing.assert_close(batch_scaled_advantages(torch.ones(4), groups_of(4, 4)), torch.zeros(4))
+
+
+def _level_drift(probs: torch.Tensor, accuracy: float, balanced: bool, seed: int = 0) -> float:
+    """The change of the mean stated level after one unit step of the expected policy gradient, for a reporter whose
+    confidence (0.0-0.9) does not depend on its episode, in groups of 8 at this accuracy."""
+    torch.manual_seed(seed)
+    levels = torch.arange(10) / 10
+    logits = torch.log(probs).requires_grad_(True)
+    G, n = 4000, 8
+    idx = torch.distributions.Categorical(logits=logits.detach()).sample((G * n,))
+    correct = (torch.rand(G * n) < accuracy).float()
+    groups = torch.arange(G * n) // n
+    term = group_rank_reward(correct, levels[idx], groups, balanced=balanced)
+    adv = batch_scaled_advantages(term, groups) if balanced else group_advantages(term, groups)
+    (grad,) = torch.autograd.grad((adv * torch.log_softmax(logits, 0)[idx]).mean(), logits)
+    before, after = torch.softmax(logits.detach(), 0), torch.softmax(logits.detach() + grad, 0)
+    return float((after * levels).sum() - (before * levels).sum())
+
+
+def test_rank_reward_moves_an_uninformed_level_down_and_the_balanced_form_does_not():
+    """The cause of rlcr-rank's sinking confidence, reproduced: at 15% accuracy the plain rank term under GRPO's
+    per-group std pushes an uninformed reporter's level down; the balanced weights with the batch-wide scale leave
+    its expected level where it is (within Monte Carlo noise, about 1e-4 here)."""
+    for probs in (torch.full((10,), 0.1), t([.3, .2, .15, .1, .08, .07, .04, .03, .02, .01])):
+        assert _level_drift(probs, 0.15, balanced=False) < -5e-3
+        assert abs(_level_drift(probs, 0.15, balanced=True)) < 1e-3

@@ -17,7 +17,8 @@ longer reinforced by the outcome whatever it says.
 paper's), ``balanced`` (the agreement weighted by the inverse frequency of the row's outcome in its group, so that
 every constant reflection earns c/2 and only discrimination earns more) or ``rank`` (c times the group rank reward
 of :func:`~reflectrl.methods.rewards.group_rank_reward`: a constant reflection earns 0) or ``rank-balanced`` (the
-same, each outcome's rows weighted by the inverse of their count in the group).
+same, each outcome's rows weighted by the inverse of their count in the group; under split credit scaled by one
+std over the batch, :func:`batch_scaled_advantages`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class RefGRPOOptions:
     """The bonus: agreement: c * 1[reflection == outcome] (the paper); balanced: the agreement weighted by
     1 / (2 P(o = o_i)) within the row's group (every constant reflection earns c/2, a perfect one c); rank: c times
     the group rank reward (a constant reflection earns 0, a perfect one c/2); rank-balanced: the same, each
-    outcome's rows weighted by the inverse of their count in the group. balanced and the rank forms give 0 in a
+    outcome's rows weighted by the inverse of their count in the group and, under split credit, the reflection
+    turn's advantage scaled by one std over the batch instead of each group's. balanced and the rank forms give 0 in a
     group whose outcomes are all equal (docs/methods-llm.md)."""
 
     def validate_refgrpo(self) -> list[tuple[bool, str]]:
@@ -75,13 +77,31 @@ def report_turn_mask(batch: StepBatch) -> Tensor:
     return last_turn_tokens(batch.turn_ids, mask, batch.info.get("report_asked", torch.zeros(mask.shape[0])))
 
 
-def split_credit(batch: StepBatch, per_row: Tensor) -> Shaping:
-    """The shaping that gives the self-report turn's tokens the group advantage (GRPO's, std-normalized) of
-    ``per_row [R]`` in place of the episode's, and leaves every other token's advantage as the estimator gave it
-    (the outcome's)."""
+def split_credit(batch: StepBatch, per_row: Tensor, scale: Literal["group", "batch"] = "group") -> Shaping:
+    """The shaping that gives the self-report turn's tokens the group advantage of ``per_row [R]`` in place of the
+    episode's, and leaves every other token's advantage as the estimator gave it (the outcome's).
+
+    ``scale``: group: GRPO's, centred in the group and divided by the group's std; batch: centred in the group and
+    divided by one std over the rows of every group whose centred terms are not all 0 (the balanced rank forms: a
+    per-group std is a function of the group's reports and, measured, moves a reporter's shared level even where
+    the term's expectation does not; docs/methods-llm.md)."""
     report = report_turn_mask(batch)
-    adv = group_advantages(per_row.to(batch.advantages.dtype), row_groups(batch))
+    groups = row_groups(batch)
+    if scale == "group":
+        adv = group_advantages(per_row.to(batch.advantages.dtype), groups)
+    else:
+        adv = batch_scaled_advantages(per_row.to(batch.advantages.dtype), groups)
     return Shaping(advantage_delta=report.to(adv.dtype) * (adv[:, None] - batch.advantages))
+
+
+def batch_scaled_advantages(per_row: Tensor, groups: Tensor, eps: float = 1e-6) -> Tensor:
+    """``[R]``: ``per_row`` centred in each group, divided by the (unbiased) std of the centred values over the rows
+    of the groups that hold a nonzero one; 0 where every group's values are equal."""
+    centred = group_advantages(per_row, groups, norm_by_std=False)
+    live = torch.isin(groups, groups[centred != 0])
+    if int(live.sum()) < 2:
+        return torch.zeros_like(centred)
+    return centred / (centred[live].std() + eps)
 
 
 class RefGRPO:
@@ -105,7 +125,7 @@ class RefGRPO:
         self._metrics = {"refgrpo/c": c, "refgrpo/bonus_mean": float(bonus.mean()),
                          "refgrpo/missing_rate": float(missing)}
         if self.o.refgrpo_credit == "split":
-            return split_credit(batch, bonus)
+            return split_credit(batch, bonus, "batch" if self.o.refgrpo_reward == "rank-balanced" else "group")
         return Shaping(reward_delta=last_step_delta(batch, bonus))
 
     def bonus(self, batch: StepBatch, correct: Tensor, reflection: Tensor, c: float) -> Tensor:

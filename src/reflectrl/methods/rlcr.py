@@ -21,7 +21,8 @@ that never answers and states low confidences earn about 0.
 (:func:`~reflectrl.methods.rewards.group_rank_reward`) in place of the Brier term on the confidence turn's tokens
 (it takes ``--rlcr-credit split``): a confidence earns by ranking its own episode against the group's episodes of
 the other outcome, so that a constant confidence earns 0 whatever the accuracy; ``rank-balanced`` weights each
-outcome's rows by the inverse of their count in the group.
+outcome's rows by the inverse of their count in the group and scales the turn's advantage by one std over the batch
+(:func:`~reflectrl.methods.refgrpo.batch_scaled_advantages`).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class RLCROptions:
     """The calibration term: brier: -(q - 1[correct])^2 (the paper); rank: the group rank reward (within each
     group, a right answer's confidence against the wrong answers', a wrong answer's against the right answers':
     1 above, 1/2 tied, minus 1/2; a constant confidence earns 0; docs/methods-llm.md); rank-balanced: the same with
-    each outcome's rows weighted by the inverse of their count in the group, so that the many failures of a weak
-    start do not pull the shared level down. rank and rank-balanced take --rlcr-credit split."""
+    each outcome's rows weighted by the inverse of their count in the group and the confidence turn's advantage
+    scaled by one std over the batch instead of each group's, so that the many failures of a weak start do not
+    pull the shared level down. rank and rank-balanced take --rlcr-credit split."""
 
     def validate_rlcr(self) -> list[tuple[bool, str]]:
         return [(self.rlcr_format_penalty <= 0, "--rlcr-format-penalty must be <= 0"),
@@ -112,7 +114,7 @@ class RLCR:
             else:
                 term = brier_term(correct, q)
             calibration = torch.where(valid, term, torch.full_like(q, self.o.rlcr_format_penalty))
-            return split_credit(batch, calibration)
+            return split_credit(batch, calibration, "batch" if self.o.rlcr_calibration == "rank-balanced" else "group")
         return Shaping(reward_delta=last_step_delta(batch, target - outcome))
 
     def metrics(self) -> dict[str, float]:

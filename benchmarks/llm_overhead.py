@@ -22,6 +22,8 @@ continues each row's KV cache instead of prefilling the transcript again (bar 1.
 ``exgrpo-seed-lm`` is exgrpo-seed with the language-model reflector (``--refl-reflector lm``: the policy grades every
 episode), against GRPO and (``@network``) against exgrpo-seed's network reflector. A subset of rows
 (``--methods``) is best written to a results file of its own, since the file holds the rows of one run.
+``--prompts-per-update`` and ``--group-size`` replace the recipe's batch (the methods' fixed cost per update weighs
+more on a small batch).
 """
 
 from __future__ import annotations
@@ -91,12 +93,21 @@ def flags_to_options(flags: tuple[str, ...]) -> dict:
     return out
 
 
-def run(algo: str, model: str, task: str, updates: int, seed: int, extra: dict) -> dict:
+def train_flags(task: str, prompts: int | None, group: int | None) -> tuple[str, ...]:
+    """The recipe's train flags of ``task``, with ``--prompts-per-update`` and ``--group-size`` replaced where given."""
+    flags = list(recipe(task).train)
+    for name, value in (("--prompts-per-update", prompts), ("--group-size", group)):
+        if value is not None:
+            i = flags.index(name)
+            flags[i + 1] = str(value)
+    return tuple(flags)
+
+
+def run(algo: str, model: str, task: str, updates: int, seed: int, extra: dict, flags: tuple[str, ...]) -> dict:
     a = get_algo("llm", algo)
     with tempfile.TemporaryDirectory() as d:
         cfg = a.config(task=task, model=model, run_dir=d, updates=updates, seed=seed, progress=False, tensorboard=False,
-                       save_interval=0, sample_interval=0, export_model=False, **flags_to_options(recipe(task).train),
-                       **extra)
+                       save_interval=0, sample_interval=0, export_model=False, **flags_to_options(flags), **extra)
         trainer = a.make(cfg)
         c0 = time.process_time()
         trainer.learn()
@@ -115,8 +126,11 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--methods", nargs="*", default=list(METHODS))
+    ap.add_argument("--prompts-per-update", type=int, default=None, help="in place of the recipe's")
+    ap.add_argument("--group-size", type=int, default=None, help="in place of the recipe's")
     ap.add_argument("--json-out", type=Path, default=None)
     a = ap.parse_args()
+    flags = train_flags(a.task, a.prompts_per_update, a.group_size)
     unknown = [m for m in a.methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
@@ -127,12 +141,12 @@ def main() -> None:
         res = {}
         for algo in order:
             name, extra = RUNS[algo]
-            res[algo] = run(name, a.model, a.task, a.updates, r + 1, extra)
+            res[algo] = run(name, a.model, a.task, a.updates, r + 1, extra, flags)
             print(f"round {r + 1} {algo}: {res[algo]['cpu_s']:.1f} CPU-s, {res[algo]['tokens']:.0f} tokens",
                   file=sys.stderr, flush=True)
         rows.append(res)
     out: dict = {"benchmark": "llm_overhead", "task": a.task, "model": a.model, "updates": a.updates, "rounds": a.rounds,
-                 "settings": " ".join(recipe(a.task).train), "clock": "process CPU seconds per token"}
+                 "settings": " ".join(flags), "clock": "process CPU seconds per token"}
     for m in a.methods:
         label, base, bar = METHODS[m]
         ratios = [row[label]["cpu_per_token"] / row[base]["cpu_per_token"] for row in rows]

@@ -37,6 +37,10 @@ PAIRS = {  # name: (plain flags, new flags)
                      ["--algo", "refgrpo", "--refgrpo-credit", "split", "--refgrpo-reward", "rank"]),
     "rlcr rank": (["--algo", "rlcr", "--rlcr-credit", "split"],
                   ["--algo", "rlcr", "--rlcr-credit", "split", "--rlcr-calibration", "rank"]),
+    "refgrpo rank-balanced": (["--algo", "refgrpo", "--refgrpo-credit", "split"],
+                              ["--algo", "refgrpo", "--refgrpo-credit", "split", "--refgrpo-reward", "rank-balanced"]),
+    "rlcr rank-balanced": (["--algo", "rlcr", "--rlcr-credit", "split"],
+                           ["--algo", "rlcr", "--rlcr-credit", "split", "--rlcr-calibration", "rank-balanced"]),
 }
 
 
@@ -60,10 +64,11 @@ def train(model: str, flags: list[str], updates: int, seed: int, run_dir: Path) 
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
-    pairs: dict[str, dict[str, list[dict[str, float]]]] = {n: {"plain": [], "new": []} for n in PAIRS}
+    chosen = {n: PAIRS[n] for n in (a.pairs or PAIRS)}
+    pairs: dict[str, dict[str, list[dict[str, float]]]] = {n: {"plain": [], "new": []} for n in chosen}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
-            for name, (plain, new) in PAIRS.items():
+            for name, (plain, new) in chosen.items():
                 order = [("plain", plain), ("new", new)] if r % 2 == 0 else [("new", new), ("plain", plain)]
                 for side, flags in order:
                     run = Path(tmp) / f"{name.replace(' ', '_')}_{side}_{r}"
@@ -96,6 +101,7 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pairs", nargs="*", choices=sorted(PAIRS), default=None, help="the terms measured (default: all)")
     resultio.main(ap, measure, render, needs="model")
 
 

@@ -24,6 +24,7 @@ from .scripted import script
     ("refgrpo", ["--refgrpo-reward", "rank", "--refgrpo-credit", "split"]),
     ("rlcr", ["--rlcr-calibration", "rank", "--rlcr-credit", "split"]),
     ("rlcr", ["--rlcr-calibration", "rank-balanced", "--rlcr-credit", "split"]),
+    ("rlcr", ["--rlcr-calibration", "batch-rank", "--rlcr-credit", "split"]),
 ])
 def test_new_flags_train_through_the_cli(tiny_dir, tmp_path, capsys, algo, flags):
     run = tmp_path / "r"
@@ -37,7 +38,7 @@ def test_new_flags_train_through_the_cli(tiny_dir, tmp_path, capsys, algo, flags
     assert f'"{flags[1]}"' in cfg  # the option is recorded (a resume continues with it)
 
 
-@pytest.mark.parametrize("kind", ["rank", "rank-balanced"])
+@pytest.mark.parametrize("kind", ["rank", "rank-balanced", "batch-rank"])
 def test_rlcr_rank_without_split_is_one_error(tiny_dir, capsys, kind):
     code = main(["llm", "train", "--algo", "rlcr", "--task", "toy-add", "--model", str(tiny_dir),
                  "--rlcr-calibration", kind, "--no-progress"])
@@ -52,6 +53,8 @@ def test_rlcr_rank_without_split_is_one_error(tiny_dir, capsys, kind):
     ("rlcr", {"rlcr_calibration": "rank", "rlcr_credit": "split"}),
     ("refgrpo", {"refgrpo_reward": "rank-balanced", "refgrpo_credit": "split"}),
     ("rlcr", {"rlcr_calibration": "rank-balanced", "rlcr_credit": "split"}),
+    ("refgrpo", {"refgrpo_reward": "batch-rank", "refgrpo_credit": "split"}),
+    ("rlcr", {"rlcr_calibration": "batch-rank", "rlcr_credit": "split"}),
 ])
 def test_report_turn_takes_the_new_term_s_group_advantage(tiny_dir, tmp_path, algo, opts):
     """Scripted answers (right and wrong in every group, both reports each): the report turn's tokens carry the
@@ -68,13 +71,14 @@ def test_report_turn_takes_the_new_term_s_group_advantage(tiny_dir, tmp_path, al
     key = "reflection" if algo == "refgrpo" else "confidence"
     report = as_nan([i[-1].get(key) for i in b.infos])
     kind = opts.get("rlcr_calibration") or opts["refgrpo_reward"]
+    pools = torch.zeros_like(groups) if kind == "batch-rank" else groups  # batch-rank: the batch is one pool
     if kind == "balanced":
         term = balanced_reflection_bonus(correct, report, 0.1, groups)
     else:
-        term = group_rank_reward(correct, report, groups, balanced=kind == "rank-balanced")
+        term = group_rank_reward(correct, report, pools, balanced=kind != "rank")
         term = term if algo == "rlcr" else 0.1 * term
-    scaled = batch_scaled_advantages if kind == "rank-balanced" else group_advantages
-    want_report, want_answer = scaled(term, groups), group_advantages(correct, groups)
+    scaled = group_advantages if kind in ("balanced", "rank") else batch_scaled_advantages
+    want_report, want_answer = scaled(term, pools), group_advantages(correct, groups)
     assert want_report.abs().sum() > 0 and not torch.isnan(report).any()  # not vacuous
     for r in range(b.rows):
         m = b.completion_mask[r]

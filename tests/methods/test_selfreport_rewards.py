@@ -226,7 +226,8 @@ def test_batch_scaled_advantages_hand_case():
     torch.testing.assert_close(batch_scaled_advantages(torch.ones(4), groups_of(4, 4)), torch.zeros(4))
 
 
-def _level_drift(probs: torch.Tensor, accuracy: float, balanced: bool, scale: str, seed: int = 0) -> float:
+def _level_drift(probs: torch.Tensor, accuracy: float, balanced: bool, scale: str, seed: int = 0,
+                 one_pool: bool = False) -> float:
     """The change of the mean stated level after one unit step of the expected policy gradient, for a reporter whose
     confidence (0.0-0.9) does not depend on its episode, in groups of 8 at this accuracy; the report turn's
     advantage scaled by each group's std (GRPO) or by one std over the batch."""
@@ -236,7 +237,7 @@ def _level_drift(probs: torch.Tensor, accuracy: float, balanced: bool, scale: st
     G, n = 4000, 8
     idx = torch.distributions.Categorical(logits=logits.detach()).sample((G * n,))
     correct = (torch.rand(G * n) < accuracy).float()
-    groups = torch.arange(G * n) // n
+    groups = torch.zeros(G * n, dtype=torch.long) if one_pool else torch.arange(G * n) // n
     term = group_rank_reward(correct, levels[idx], groups, balanced=balanced)
     adv = batch_scaled_advantages(term, groups) if scale == "batch" else group_advantages(term, groups)
     (grad,) = torch.autograd.grad((adv * torch.log_softmax(logits, 0)[idx]).mean(), logits)
@@ -253,3 +254,47 @@ def test_rank_reward_moves_an_uninformed_level_down_and_the_balanced_form_does_n
     assert _level_drift(probs, 0.15, balanced=False, scale="group") < -5e-3
     assert -5e-3 < _level_drift(probs, 0.15, balanced=True, scale="group") < -8e-4
     assert abs(_level_drift(probs, 0.15, balanced=True, scale="batch")) < 5e-4
+    assert abs(_level_drift(probs, 0.15, balanced=True, scale="batch", one_pool=True)) < 5e-4  # batch-rank
+
+
+def test_batch_rank_pairs_across_questions():
+    """batch-rank is rank-balanced with the batch as one pool: group 0 (one success at 0.9, one failure at 0.2) and
+    group 1 (two failures at 0.5 and 0.95). In its group the success earns +1/2 (weight 1); in the batch it beats
+    two of three failures (2/3 - 1/2, weight 4/2 = 2: 1/3), and the failure at 0.95, of another question, is above
+    it (-1/2, weight 4/6: -1/3). A report that is high on the easy question and low on the hard one earns too."""
+    from reflectrl.methods.refgrpo import rank_pools, rank_reward
+
+    batch = _batch([1, 0, 0, 0], group_size=2)
+    o, q = t([1, 0, 0, 0]), t([0.9, 0.2, 0.5, 0.95])
+    assert rank_pools("batch-rank", batch).tolist() == [0, 0, 0, 0]
+    torch.testing.assert_close(rank_reward("rank-balanced", o, q, batch), t([0.5, 0.5, 0.0, 0.0]))
+    torch.testing.assert_close(rank_reward("batch-rank", o, q, batch), t([1 / 3, 1 / 3, 1 / 3, -1 / 3]))
+    # easy question all right, hard one all wrong: no group holds a pair, the batch does
+    o2, q2 = t([1, 1, 0, 0]), t([0.8, 0.7, 0.2, 0.1])
+    torch.testing.assert_close(rank_reward("rank-balanced", o2, q2, batch), torch.zeros(4))
+    torch.testing.assert_close(rank_reward("batch-rank", o2, q2, batch), torch.full((4,), 0.5))
+
+
+@pytest.mark.parametrize("balanced", [False, True])
+def test_rank_reward_equals_the_pairwise_definition(balanced):
+    """Random groups (unsorted ids, ties, missing reports) against the definition written pair by pair."""
+    gen = torch.Generator().manual_seed(3)
+    R = 60
+    groups = torch.randint(0, 7, (R,), generator=gen) * 5 - 9
+    correct = (torch.rand(R, generator=gen) < 0.4).float()
+    report = torch.round(torch.rand(R, generator=gen) * 5) / 5
+    report[torch.rand(R, generator=gen) < 0.15] = NAN
+    want = torch.zeros(R)
+    for i in range(R):
+        if torch.isnan(report[i]):
+            continue
+        mates = [j for j in range(R) if groups[j] == groups[i] and not torch.isnan(report[j])]
+        other = [j for j in mates if correct[j] != correct[i]]
+        if not other:
+            continue
+        sign = 1.0 if correct[i] > 0 else -1.0  # a success beats lower reports, a failure is beaten by higher ones
+        share = sum(1.0 if sign * (report[i] - report[j]) > 0 else 0.5 if report[i] == report[j] else 0.0
+                    for j in other) / len(other) - 0.5
+        own = len(mates) - len(other)
+        want[i] = share * (len(mates) / (2 * own) if balanced else 1.0)
+    torch.testing.assert_close(group_rank_reward(correct, report, groups, balanced), want)

@@ -18,7 +18,8 @@ paper's), ``balanced`` (the agreement weighted by the inverse frequency of the r
 every constant reflection earns c/2 and only discrimination earns more) or ``rank`` (c times the group rank reward
 of :func:`~reflectrl.methods.rewards.group_rank_reward`: a constant reflection earns 0) or ``rank-balanced`` (the
 same, each outcome's rows weighted by the inverse of their count in the group; under split credit scaled by one
-std over the batch, :func:`batch_scaled_advantages`).
+std over the batch, :func:`batch_scaled_advantages`) or ``batch-rank`` (rank-balanced over the whole batch as one
+group).
 """
 
 from __future__ import annotations
@@ -50,13 +51,14 @@ class RefGRPOOptions:
     """episode: the bonus joins the outcome and every token takes the episode's advantage (the paper); split: the
     answer's tokens take the outcome's group advantage, the reflection turn's the bonus's (a bonus the same
     across a group, or c = 0 after the step schedule, gives them 0)."""
-    refgrpo_reward: Literal["agreement", "balanced", "rank", "rank-balanced"] = "agreement"
+    refgrpo_reward: Literal["agreement", "balanced", "rank", "rank-balanced", "batch-rank"] = "agreement"
     """The bonus: agreement: c * 1[reflection == outcome] (the paper); balanced: the agreement weighted by
     1 / (2 P(o = o_i)) within the row's group (every constant reflection earns c/2, a perfect one c); rank: c times
     the group rank reward (a constant reflection earns 0, a perfect one c/2); rank-balanced: the same, each
     outcome's rows weighted by the inverse of their count in the group and, under split credit, the reflection
-    turn's advantage scaled by one std over the batch instead of each group's. balanced and the rank forms give 0 in a
-    group whose outcomes are all equal (docs/methods-llm.md)."""
+    turn's advantage scaled by one std over the batch instead of each group's; batch-rank: rank-balanced with the
+    whole batch as one group (a reflection is also judged against other questions' episodes). balanced and the
+    rank forms give 0 in a group (a batch, for batch-rank) whose outcomes are all equal (docs/methods-llm.md)."""
 
     def validate_refgrpo(self) -> list[tuple[bool, str]]:
         return [(self.refgrpo_c >= 0, "--refgrpo-c must be non-negative"),
@@ -77,16 +79,40 @@ def report_turn_mask(batch: StepBatch) -> Tensor:
     return last_turn_tokens(batch.turn_ids, mask, batch.info.get("report_asked", torch.zeros(mask.shape[0])))
 
 
-def split_credit(batch: StepBatch, per_row: Tensor, scale: Literal["group", "batch"] = "group") -> Shaping:
+RANK_KINDS: tuple[str, ...] = ("rank", "rank-balanced", "batch-rank")
+
+
+def rank_pools(kind: str, batch: StepBatch) -> Tensor:
+    """``[R]`` the pools a rank reward of ``kind`` pairs its rows within: each row's group (rank, rank-balanced), or
+    the whole batch as one pool (batch-rank: a report is also judged against other questions' episodes, so a
+    report that tracks how hard its question is earns too)."""
+    groups = row_groups(batch)
+    return torch.zeros_like(groups) if kind == "batch-rank" else groups
+
+
+def rank_reward(kind: str, correct: Tensor, report: Tensor, batch: StepBatch) -> Tensor:
+    """``[R]`` the rank reward of ``kind`` (balanced for rank-balanced and batch-rank) in its pools."""
+    return group_rank_reward(correct, report, rank_pools(kind, batch), balanced=kind != "rank")
+
+
+def rank_credit(batch: StepBatch, per_row: Tensor, kind: str) -> Shaping:
+    """Split credit of a rank term: GRPO's per-group scale for rank, one std over the batch for the balanced forms,
+    centred in the pools the term was computed in."""
+    return split_credit(batch, per_row, "group" if kind == "rank" else "batch", rank_pools(kind, batch))
+
+
+def split_credit(batch: StepBatch, per_row: Tensor, scale: Literal["group", "batch"] = "group",
+                 groups: Tensor | None = None) -> Shaping:
     """The shaping that gives the self-report turn's tokens the group advantage of ``per_row [R]`` in place of the
     episode's, and leaves every other token's advantage as the estimator gave it (the outcome's).
 
     ``scale``: group: GRPO's, centred in the group and divided by the group's std; batch: centred in the group and
     divided by one std over the rows of every group whose centred terms are not all 0 (the balanced rank forms: a
     per-group std is a function of the group's reports and, measured, moves a reporter's shared level even where
-    the term's expectation does not; docs/methods-llm.md)."""
+    the term's expectation does not; docs/methods-llm.md). ``groups``: the pools to centre in (default: each row's
+    group)."""
     report = report_turn_mask(batch)
-    groups = row_groups(batch)
+    groups = row_groups(batch) if groups is None else groups
     if scale == "group":
         adv = group_advantages(per_row.to(batch.advantages.dtype), groups)
     else:
@@ -125,16 +151,17 @@ class RefGRPO:
         self._metrics = {"refgrpo/c": c, "refgrpo/bonus_mean": float(bonus.mean()),
                          "refgrpo/missing_rate": float(missing)}
         if self.o.refgrpo_credit == "split":
-            return split_credit(batch, bonus, "batch" if self.o.refgrpo_reward == "rank-balanced" else "group")
+            if self.o.refgrpo_reward in RANK_KINDS:
+                return rank_credit(batch, bonus, self.o.refgrpo_reward)
+            return split_credit(batch, bonus)
         return Shaping(reward_delta=last_step_delta(batch, bonus))
 
     def bonus(self, batch: StepBatch, correct: Tensor, reflection: Tensor, c: float) -> Tensor:
         """``[R]`` the bonus of ``--refgrpo-reward`` at coefficient ``c``."""
         if self.o.refgrpo_reward == "balanced":
             return balanced_reflection_bonus(correct, reflection, c, row_groups(batch))
-        if self.o.refgrpo_reward in ("rank", "rank-balanced"):
-            return c * group_rank_reward(correct, reflection, row_groups(batch),
-                                         balanced=self.o.refgrpo_reward == "rank-balanced")
+        if self.o.refgrpo_reward in RANK_KINDS:
+            return c * rank_reward(self.o.refgrpo_reward, correct, reflection, batch)
         return reflection_bonus(correct, reflection, c)
 
     def metrics(self) -> dict[str, float]:

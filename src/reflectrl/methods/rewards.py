@@ -30,18 +30,6 @@ def reflection_bonus(correct: Tensor, reflection: Tensor, c: float) -> Tensor:
     return c * agree.to(correct.dtype)
 
 
-def _group_index(groups: Tensor) -> tuple[Tensor, Tensor, int, int]:
-    """For group ids ``groups [R]`` (any integers; rows of a group need not be adjacent): each row's group
-    ``0..G-1`` and its position in it, ``G`` and the largest group's size (the padded layout ``[G, n]``)."""
-    _, inv = torch.unique(groups, return_inverse=True)
-    counts = torch.bincount(inv)
-    order = torch.argsort(inv, stable=True)
-    starts = torch.cumsum(counts, 0) - counts
-    pos = torch.empty_like(inv)
-    pos[order] = torch.arange(inv.numel(), device=inv.device) - starts[inv[order]]
-    return inv, pos, int(counts.numel()), int(counts.max()) if counts.numel() else 0
-
-
 def balanced_reflection_bonus(correct: Tensor, reflection: Tensor, c: float, groups: Tensor) -> Tensor:
     """refgrpo's class-balanced agreement bonus ``[R]`` (docs/methods-llm.md): with ``p`` the share of successes in a
     row's group, ``b_i = c * 1[reflection_i == correct_i] / (2 * P(o = o_i))``, i.e. weight ``1 / (2p)`` on a
@@ -79,24 +67,37 @@ def group_rank_reward(correct: Tensor, report: Tensor, groups: Tensor, balanced:
     R = correct.shape[0]
     if R == 0:
         return torch.zeros_like(correct)
-    inv, pos, G, n = _group_index(groups)
+    _, inv = torch.unique(groups, return_inverse=True)
     valid = ~torch.isnan(report)
-    q = torch.zeros(G, n, dtype=report.dtype).index_put_((inv, pos), torch.where(valid, report, 0.0))
     ok = correct > 0.5
-    succ = torch.zeros(G, n, dtype=torch.bool).index_put_((inv, pos), valid & ok)
-    fail = torch.zeros(G, n, dtype=torch.bool).index_put_((inv, pos), valid & ~ok)
-    qi, qj = q[:, :, None], q[:, None, :]  # [G, n, n]: i a success, j a failure
-    above = (qi > qj).to(report.dtype) + 0.5 * (qi == qj).to(report.dtype)
-    pair = (succ[:, :, None] & fail[:, None, :]).to(report.dtype)
-    n_fail, n_succ = pair.sum(2), pair.sum(1)
-    as_success = (pair * above).sum(2) / n_fail.clamp_min(1) - 0.5
-    as_failure = (pair * above).sum(1) / n_succ.clamp_min(1) - 0.5  # the successes above it
-    if balanced:  # n_fail of a success is the group's valid failures, n_succ of a failure its valid successes
-        size = (succ.sum(1) + fail.sum(1)).to(report.dtype)[:, None]
-        as_success = as_success * size / (2 * succ.sum(1, keepdim=True).clamp_min(1))
-        as_failure = as_failure * size / (2 * fail.sum(1, keepdim=True).clamp_min(1))
+    succ, fail = valid & ok, valid & ~ok
+    q = torch.where(valid, report, 0.0).to(torch.float64)
+    lo, hi = (float(q[valid].min()), float(q[valid].max())) if valid.any() else (0.0, 0.0)
+    key = inv.to(torch.float64) * (hi - lo + 1.0) + (q - lo)  # pools apart, reports ordered within each pool
+    width = hi - lo + 1.0
+    below_f, tied_f, n_fail = _pool_counts(key, fail, inv, width)  # each row against its pool's failures
+    below_s, tied_s, n_succ = _pool_counts(key, succ, inv, width)  # and against its pool's successes
+    dt = report.dtype
+    as_success = (below_f + 0.5 * tied_f).to(dt) / n_fail.to(dt).clamp_min(1) - 0.5
+    above_s = n_succ - below_s - tied_s
+    as_failure = (above_s + 0.5 * tied_s).to(dt) / n_succ.to(dt).clamp_min(1) - 0.5  # the successes above it
+    if balanced:  # each class's rows weighted by (n_s + n_f) / (2 n_c)
+        size = (n_succ + n_fail).to(dt)
+        as_success = as_success * size / (2 * n_succ.to(dt).clamp_min(1))
+        as_failure = as_failure * size / (2 * n_fail.to(dt).clamp_min(1))
     out = torch.where(succ & (n_fail > 0), as_success, torch.where(fail & (n_succ > 0), as_failure, 0.0))
-    return out[inv, pos].to(correct.dtype)
+    return out.to(correct.dtype)
+
+
+def _pool_counts(key: Tensor, member: Tensor, pool: Tensor, width: float) -> tuple[Tensor, Tensor, Tensor]:
+    """For every row: how many ``member`` rows of its pool have a key below its own, equal to it, and in all
+    (``key = pool * width + value``, values within one width); O(R log R)."""
+    ref = torch.sort(key[member]).values
+    start = torch.searchsorted(ref, pool.to(torch.float64) * width, right=False)
+    stop = torch.searchsorted(ref, (pool + 1).to(torch.float64) * width, right=False)
+    left = torch.searchsorted(ref, key, right=False)
+    right = torch.searchsorted(ref, key, right=True)
+    return left - start, right - left, stop - start
 
 
 def refgrpo_reward(outcome: Tensor, reflection: Tensor, c: float, correct: Tensor | None = None) -> Tensor:

@@ -22,7 +22,8 @@ that never answers and states low confidences earn about 0.
 (it takes ``--rlcr-credit split``): a confidence earns by ranking its own episode against the group's episodes of
 the other outcome, so that a constant confidence earns 0 whatever the accuracy; ``rank-balanced`` weights each
 outcome's rows by the inverse of their count in the group and scales the turn's advantage by one std over the batch
-(:func:`~reflectrl.methods.refgrpo.batch_scaled_advantages`).
+(:func:`~reflectrl.methods.refgrpo.batch_scaled_advantages`); ``batch-rank`` is rank-balanced over the whole batch as
+one group.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..contract.base import Shaping, StepBatch, row_groups
-from .refgrpo import Credit, last_step_delta, split_credit
-from .rewards import RLCR_FORMAT_PENALTY, brier_term, group_rank_reward, rlcr_reward
+from ..contract.base import Shaping, StepBatch
+from .refgrpo import Credit, last_step_delta, rank_credit, rank_reward, split_credit
+from .rewards import RLCR_FORMAT_PENALTY, brier_term, rlcr_reward
 
 
 @dataclass
@@ -56,13 +57,15 @@ class RLCROptions:
     rlcr_credit: Credit = "episode"
     """episode: R = 1[correct] - (q - 1[correct])^2 on every token (the paper); split: the answer's tokens take the
     accuracy term's group advantage, the confidence turn's tokens the calibration term's."""
-    rlcr_calibration: Literal["brier", "rank", "rank-balanced"] = "brier"
+    rlcr_calibration: Literal["brier", "rank", "rank-balanced", "batch-rank"] = "brier"
     """The calibration term: brier: -(q - 1[correct])^2 (the paper); rank: the group rank reward (within each
     group, a right answer's confidence against the wrong answers', a wrong answer's against the right answers':
     1 above, 1/2 tied, minus 1/2; a constant confidence earns 0; docs/methods-llm.md); rank-balanced: the same with
     each outcome's rows weighted by the inverse of their count in the group and the confidence turn's advantage
     scaled by one std over the batch instead of each group's, so that the many failures of a weak start do not
-    pull the shared level down. rank and rank-balanced take --rlcr-credit split."""
+    pull the shared level down; batch-rank: rank-balanced with the whole batch as one group (a confidence is also
+    judged against other questions' episodes, so one that tracks how hard its question is earns too). The rank
+    forms take --rlcr-credit split."""
 
     def validate_rlcr(self) -> list[tuple[bool, str]]:
         return [(self.rlcr_format_penalty <= 0, "--rlcr-format-penalty must be <= 0"),
@@ -107,14 +110,14 @@ class RLCR:
         self._metrics = {"rlcr/reward_mean": float(target.mean()), "rlcr/missing_rate": missing, "rlcr/brier": brier,
                          **({} if unanswered is None else {"rlcr/unanswered_rate": float(unanswered.float().mean())})}
         if self.o.rlcr_credit == "split":
-            if self.o.rlcr_calibration != "brier":  # rows with the format penalty stay out of the others' pairs
-                term = group_rank_reward(correct, torch.where(valid, q, nan), row_groups(batch),
-                                         balanced=self.o.rlcr_calibration == "rank-balanced")
-                self._metrics["rlcr/rank_mean"] = float(term[valid].mean()) if valid.any() else float("nan")
-            else:
-                term = brier_term(correct, q)
+            kind = self.o.rlcr_calibration
+            if kind == "brier":
+                calibration = torch.where(valid, brier_term(correct, q), torch.full_like(q, self.o.rlcr_format_penalty))
+                return split_credit(batch, calibration)
+            term = rank_reward(kind, correct, torch.where(valid, q, nan), batch)  # penalized rows: out of the pairs
+            self._metrics["rlcr/rank_mean"] = float(term[valid].mean()) if valid.any() else float("nan")
             calibration = torch.where(valid, term, torch.full_like(q, self.o.rlcr_format_penalty))
-            return split_credit(batch, calibration, "batch" if self.o.rlcr_calibration == "rank-balanced" else "group")
+            return rank_credit(batch, calibration, kind)
         return Shaping(reward_delta=last_step_delta(batch, target - outcome))
 
     def metrics(self) -> dict[str, float]:

@@ -41,6 +41,8 @@ PAIRS = {  # name: (plain flags, new flags)
                               ["--algo", "refgrpo", "--refgrpo-credit", "split", "--refgrpo-reward", "rank-balanced"]),
     "rlcr rank-balanced": (["--algo", "rlcr", "--rlcr-credit", "split"],
                            ["--algo", "rlcr", "--rlcr-credit", "split", "--rlcr-calibration", "rank-balanced"]),
+    "rlcr batch-rank": (["--algo", "rlcr", "--rlcr-credit", "split"],
+                        ["--algo", "rlcr", "--rlcr-credit", "split", "--rlcr-calibration", "batch-rank"]),
 }
 
 

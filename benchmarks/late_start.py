@@ -77,8 +77,11 @@ def main() -> None:
     jobs = [(m, s) for s in range(1, a.seeds + 1) for m in a.methods]
     for m, s in jobs:  # every start model is there before any work is spent
         commands(a, *parse_method(m), s)
+    failed = False
     with ThreadPoolExecutor(max(1, a.workers)) as pool:
-        failed = [r for r in pool.map(lambda job: one(a, *job), jobs) if print(r, flush=True) or "failed" in r]
+        for result in pool.map(lambda job: one(a, *job), jobs):
+            print(result, flush=True)
+            failed |= "failed" in result
     sys.exit(1 if failed else 0)
 
 

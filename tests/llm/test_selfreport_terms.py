@@ -10,8 +10,7 @@ import torch
 from reflectrl.algos import get_algo
 from reflectrl.cli import main
 from reflectrl.contract.base import as_nan
-from reflectrl.core.advantages import group_advantages
-from reflectrl.methods.refgrpo import batch_scaled_advantages
+from reflectrl.core.advantages import batch_scaled_advantages, group_advantages
 from reflectrl.methods.rewards import balanced_reflection_bonus, group_rank_reward
 from reflectrl.runlog import read_metrics
 

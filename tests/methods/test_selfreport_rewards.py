@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from reflectrl.contract.base import MethodRunner, StepBatch, as_nan
-from reflectrl.core.advantages import group_advantages
+from reflectrl.core.advantages import batch_scaled_advantages, group_advantages
 from reflectrl.errors import ConfigError
-from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions, batch_scaled_advantages
+from reflectrl.methods.refgrpo import RefGRPO, RefGRPOOptions
 from reflectrl.methods.rewards import balanced_reflection_bonus, group_rank_reward, reflection_bonus
 from reflectrl.methods.rlcr import RLCR, RLCROptions
 from reflectrl.trainer import check_all

@@ -63,6 +63,18 @@ def group_advantages(scores: Rows, index: Tensor, norm_by_std: bool = True, eps:
     return torch.where(single, scores / (1.0 + eps), adv)
 
 
+def batch_scaled_advantages(per_row: Rows, groups: Tensor, eps: float = 1e-6) -> Rows:
+    """``[R]``: ``per_row`` centred in each group, divided by the (unbiased) std of the centred values over the rows
+    of the groups that hold a nonzero one; 0 where every group's values are equal. One scale for the batch, where
+    GRPO's is each group's own: a per-group std depends on the group's values and so biases what they train
+    (refgrpo and rlcr's balanced rank forms, docs/methods-llm.md)."""
+    centred = group_advantages(per_row, groups, norm_by_std=False)
+    live = torch.isin(groups, groups[centred != 0])
+    if int(live.sum()) < 2:
+        return torch.zeros_like(centred)
+    return centred / (centred[live].std() + eps)
+
+
 def _group_ids(index, device: torch.device) -> tuple[Tensor, Tensor]:
     """Dense group ids and group sizes from a tensor, list or numpy array of any hashable ids
     (verl passes uid strings as a numpy object array)."""

@@ -18,8 +18,8 @@ paper's), ``balanced`` (the agreement weighted by the inverse frequency of the r
 every constant reflection earns c/2 and only discrimination earns more) or ``rank`` (c times the group rank reward
 of :func:`~reflectrl.methods.rewards.group_rank_reward`: a constant reflection earns 0) or ``rank-balanced`` (the
 same, each outcome's rows weighted by the inverse of their count in the group; under split credit scaled by one
-std over the batch, :func:`batch_scaled_advantages`) or ``batch-rank`` (rank-balanced over the whole batch as one
-group).
+std over the batch, :func:`~reflectrl.core.advantages.batch_scaled_advantages`) or ``batch-rank`` (rank-balanced
+over the whole batch as one group).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..contract.base import Shaping, StepBatch, last_turn_tokens, row_groups
-from ..core.advantages import group_advantages
+from ..core.advantages import batch_scaled_advantages, group_advantages
 from .rewards import balanced_reflection_bonus, bonus_schedule, group_rank_reward, reflection_bonus
 
 Credit = Literal["episode", "split"]
@@ -118,16 +118,6 @@ def split_credit(batch: StepBatch, per_row: Tensor, scale: Literal["group", "bat
     else:
         adv = batch_scaled_advantages(per_row.to(batch.advantages.dtype), groups)
     return Shaping(advantage_delta=report.to(adv.dtype) * (adv[:, None] - batch.advantages))
-
-
-def batch_scaled_advantages(per_row: Tensor, groups: Tensor, eps: float = 1e-6) -> Tensor:
-    """``[R]``: ``per_row`` centred in each group, divided by the (unbiased) std of the centred values over the rows
-    of the groups that hold a nonzero one; 0 where every group's values are equal."""
-    centred = group_advantages(per_row, groups, norm_by_std=False)
-    live = torch.isin(groups, groups[centred != 0])
-    if int(live.sum()) < 2:
-        return torch.zeros_like(centred)
-    return centred / (centred[live].std() + eps)
 
 
 class RefGRPO:

@@ -73,8 +73,8 @@ def group_rank_reward(correct: Tensor, report: Tensor, groups: Tensor, balanced:
     succ, fail = valid & ok, valid & ~ok
     q = torch.where(valid, report, 0.0).to(torch.float64)
     lo, hi = (float(q[valid].min()), float(q[valid].max())) if valid.any() else (0.0, 0.0)
-    key = inv.to(torch.float64) * (hi - lo + 1.0) + (q - lo)  # pools apart, reports ordered within each pool
     width = hi - lo + 1.0
+    key = inv.to(torch.float64) * width + (q - lo)  # pools apart, reports ordered within each pool
     below_f, tied_f, n_fail = _pool_counts(key, fail, inv, width)  # each row against its pool's failures
     below_s, tied_s, n_succ = _pool_counts(key, succ, inv, width)  # and against its pool's successes
     dt = report.dtype

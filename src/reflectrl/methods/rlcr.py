@@ -22,7 +22,7 @@ that never answers and states low confidences earn about 0.
 (it takes ``--rlcr-credit split``): a confidence earns by ranking its own episode against the group's episodes of
 the other outcome, so that a constant confidence earns 0 whatever the accuracy; ``rank-balanced`` weights each
 outcome's rows by the inverse of their count in the group and scales the turn's advantage by one std over the batch
-(:func:`~reflectrl.methods.refgrpo.batch_scaled_advantages`); ``batch-rank`` is rank-balanced over the whole batch as
+(:func:`~reflectrl.core.advantages.batch_scaled_advantages`); ``batch-rank`` is rank-balanced over the whole batch as
 one group.
 """
 
@@ -112,12 +112,12 @@ class RLCR:
         if self.o.rlcr_credit == "split":
             kind = self.o.rlcr_calibration
             if kind == "brier":
-                calibration = torch.where(valid, brier_term(correct, q), torch.full_like(q, self.o.rlcr_format_penalty))
-                return split_credit(batch, calibration)
-            term = rank_reward(kind, correct, torch.where(valid, q, nan), batch)  # penalized rows: out of the pairs
-            self._metrics["rlcr/rank_mean"] = float(term[valid].mean()) if valid.any() else float("nan")
+                term = brier_term(correct, q)
+            else:  # rows with the format penalty stay out of the others' pairs
+                term = rank_reward(kind, correct, torch.where(valid, q, nan), batch)
+                self._metrics["rlcr/rank_mean"] = float(term[valid].mean()) if valid.any() else float("nan")
             calibration = torch.where(valid, term, torch.full_like(q, self.o.rlcr_format_penalty))
-            return rank_credit(batch, calibration, kind)
+            return split_credit(batch, calibration) if kind == "brier" else rank_credit(batch, calibration, kind)
         return Shaping(reward_delta=last_step_delta(batch, target - outcome))
 
     def metrics(self) -> dict[str, float]:

@@ -176,6 +176,32 @@ def test_rlcr_rank_calibration_goes_on_the_confidence_turn():
                                group_advantages(brier, g)[:, None].expand(-1, 2))
 
 
+@pytest.mark.parametrize("kind", ["brier", "batch-rank"])
+def test_rlcr_report_weight_scales_the_confidence_turn_alone(kind):
+    """--rlcr-report-weight w: the confidence turn's advantage is w times the unweighted one; the answer's tokens keep
+    the outcome's advantage; w = 1 is the unweighted shaping exactly."""
+    q = [0.9, 0.2, None, 0.4, 0.6, 0.6, 0.5, 0.7]
+    opts = {"rlcr_credit": "split", "rlcr_calibration": kind}
+    b = _batch(OUT, 4, confidence=q)
+    base = b.advantages + MethodRunner(RLCR(RLCROptions(**opts))).run(b).advantage_delta
+    b = _batch(OUT, 4, confidence=q)
+    same = b.advantages + MethodRunner(RLCR(RLCROptions(**opts, rlcr_report_weight=1.0))).run(b).advantage_delta
+    assert torch.equal(same, base)
+    b = _batch(OUT, 4, confidence=q)
+    got = b.advantages + MethodRunner(RLCR(RLCROptions(**opts, rlcr_report_weight=0.25))).run(b).advantage_delta
+    torch.testing.assert_close(got[:, :2], b.advantages[:, :2])
+    torch.testing.assert_close(got[:, 2:], 0.25 * base[:, 2:])
+    assert base[:, 2:].abs().sum() > 0
+
+
+def test_rlcr_report_weight_needs_split_credit_and_no_sign_flip():
+    with pytest.raises(ConfigError, match="--rlcr-report-weight takes --rlcr-credit split"):
+        check_all(RLCROptions(rlcr_report_weight=0.5).validate_rlcr())
+    with pytest.raises(ConfigError, match="--rlcr-report-weight must be >= 0"):
+        check_all(RLCROptions(rlcr_credit="split", rlcr_report_weight=-1.0).validate_rlcr())
+    check_all(RLCROptions(rlcr_credit="split", rlcr_report_weight=0.5).validate_rlcr())
+
+
 def test_rlcr_rank_needs_split_credit():
     assert RLCROptions().rlcr_calibration == "brier"
     with pytest.raises(ConfigError, match="--rlcr-calibration rank takes --rlcr-credit split"):

@@ -95,14 +95,14 @@ def rank_reward(kind: str, correct: Tensor, report: Tensor, batch: StepBatch) ->
     return group_rank_reward(correct, report, rank_pools(kind, batch), balanced=kind != "rank")
 
 
-def rank_credit(batch: StepBatch, per_row: Tensor, kind: str) -> Shaping:
+def rank_credit(batch: StepBatch, per_row: Tensor, kind: str, weight: float = 1.0) -> Shaping:
     """Split credit of a rank term: GRPO's per-group scale for rank, one std over the batch for the balanced forms,
     centred in the pools the term was computed in."""
-    return split_credit(batch, per_row, "group" if kind == "rank" else "batch", rank_pools(kind, batch))
+    return split_credit(batch, per_row, "group" if kind == "rank" else "batch", rank_pools(kind, batch), weight)
 
 
 def split_credit(batch: StepBatch, per_row: Tensor, scale: Literal["group", "batch"] = "group",
-                 groups: Tensor | None = None) -> Shaping:
+                 groups: Tensor | None = None, weight: float = 1.0) -> Shaping:
     """The shaping that gives the self-report turn's tokens the group advantage of ``per_row [R]`` in place of the
     episode's, and leaves every other token's advantage as the estimator gave it (the outcome's).
 
@@ -110,13 +110,15 @@ def split_credit(batch: StepBatch, per_row: Tensor, scale: Literal["group", "bat
     divided by one std over the rows of every group whose centred terms are not all 0 (the balanced rank forms: a
     per-group std is a function of the group's reports and, measured, moves a reporter's shared level even where
     the term's expectation does not; docs/methods-llm.md). ``groups``: the pools to centre in (default: each row's
-    group)."""
+    group). ``weight``: multiplies the report turn's advantage (1: as it is)."""
     report = report_turn_mask(batch)
     groups = row_groups(batch) if groups is None else groups
     if scale == "group":
         adv = group_advantages(per_row.to(batch.advantages.dtype), groups)
     else:
         adv = batch_scaled_advantages(per_row.to(batch.advantages.dtype), groups)
+    if weight != 1.0:
+        adv = weight * adv
     return Shaping(advantage_delta=report.to(adv.dtype) * (adv[:, None] - batch.advantages))
 
 

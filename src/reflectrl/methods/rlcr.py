@@ -66,6 +66,9 @@ class RLCROptions:
     pull the shared level down; batch-rank: rank-balanced with the whole batch as one group (a confidence is also
     judged against other questions' episodes, so one that tracks how hard its question is earns too). The rank
     forms take --rlcr-credit split."""
+    rlcr_report_weight: float = 1.0
+    """Under --rlcr-credit split, the confidence turn's advantage is multiplied by this weight (1: as the term gives
+    it; below 1 the confidence turn pulls less on the weights it shares with the answer)."""
 
     def validate_rlcr(self) -> list[tuple[bool, str]]:
         return [(self.rlcr_format_penalty <= 0, "--rlcr-format-penalty must be <= 0"),
@@ -73,7 +76,10 @@ class RLCROptions:
                  "--rlcr-confidence steps takes --rlcr-credit episode (the turns' confidences share them with actions)"),
                 (self.rlcr_calibration == "brier" or self.rlcr_credit == "split",
                  f"--rlcr-calibration {self.rlcr_calibration} takes --rlcr-credit split (the rank term goes on the "
-                 "confidence turn's tokens; the answer's tokens keep the accuracy term's advantage)")]
+                 "confidence turn's tokens; the answer's tokens keep the accuracy term's advantage)"),
+                (self.rlcr_report_weight >= 0, "--rlcr-report-weight must be >= 0"),
+                (self.rlcr_report_weight == 1.0 or self.rlcr_credit == "split",
+                 "--rlcr-report-weight takes --rlcr-credit split (it weights the confidence turn's own advantage)")]
 
 
 class RLCR:
@@ -117,7 +123,10 @@ class RLCR:
                 term = rank_reward(kind, correct, torch.where(valid, q, nan), batch)
                 self._metrics["rlcr/rank_mean"] = float(term[valid].mean()) if valid.any() else float("nan")
             calibration = torch.where(valid, term, torch.full_like(q, self.o.rlcr_format_penalty))
-            return split_credit(batch, calibration) if kind == "brier" else rank_credit(batch, calibration, kind)
+            w = self.o.rlcr_report_weight
+            if kind == "brier":
+                return split_credit(batch, calibration, weight=w)
+            return rank_credit(batch, calibration, kind, w)
         return Shaping(reward_delta=last_step_delta(batch, target - outcome))
 
     def metrics(self) -> dict[str, float]:

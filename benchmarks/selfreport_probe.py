@@ -174,6 +174,25 @@ def decide_choices(runs: dict[str, dict[str, dict[str, float]]], pairs: list[str
     return out
 
 
+PICK_SLACK = 0.01
+"""--pick's accuracy slack: half the claims' 2-point non-inferiority margin."""
+
+
+def pick(choices: dict[str, dict[str, dict]]) -> dict[str, str]:
+    """Per plain method of the ``PLAIN:NEW`` pairs, the NEW chosen by the rule stated before the runs: the highest
+    mean stated AUROC among the candidates whose mean validation accuracy, paired with PLAIN's, is at most
+    :data:`PICK_SLACK` lower; where none is, the highest mean paired validation accuracy."""
+    by_plain: dict[str, list[tuple[str, dict[str, dict]]]] = {}
+    for pair, claims in choices.items():
+        plain, new = pair.split(":")
+        by_plain.setdefault(plain, []).append((new, claims))
+    out = {}
+    for plain, cands in by_plain.items():
+        ok = [(c["stated_auroc"]["effect"], new) for new, c in cands if c["validation_accuracy"]["effect"] >= -PICK_SLACK]
+        out[plain] = max(ok)[1] if ok else max((c["validation_accuracy"]["effect"], new) for new, c in cands)[1]
+    return out
+
+
 def render_choices(data: dict) -> str:
     if not data.get("choices"):
         return ""
@@ -184,8 +203,11 @@ def render_choices(data: dict) -> str:
         lines.append(f"| {new} - {plain} | " + " | ".join(
             "n/a" if claims.get(k) is None else cell(claims[k], 0.0).replace("better", "higher").replace(
                 "worse", "lower") for k in CHOICE_KEYS) + " |")
+    picked = "".join(f" Picked against {plain} (the highest mean stated AUROC among the candidates whose mean "
+                     f"validation accuracy is at most {PICK_SLACK:g} below {plain}'s, paired): **{new}**."
+                     for plain, new in data.get("picked", {}).items())
     return "\n\n" + "\n".join(lines) + ("\n\nValidation accuracy: 'not lower' with a 2-point margin, as for held-out "
-                                         "accuracy; Holm over this table.")
+                                         "accuracy; Holm over this table." + picked)
 
 
 def render(names: list[str]) -> str:
@@ -206,13 +228,17 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         runs[m] = {}
         for d in sorted((a.out / "runs" / a.task / m).glob("seed_*"), key=lambda p: int(p.name.split("_")[1])):
             seed = d.name.split("_")[1]
+            if a.seeds and int(seed) not in a.seeds:
+                continue
             if seed in done.get(m, {}):
                 runs[m][seed] = done[m][seed]
             elif (d / "model" / "config.json").is_file():
                 runs[m][seed] = r = measure_run(d, a.train_problems, a.val_limit, a.l2)
                 print(m, d.name, {k: round(v, 3) for k, v in r.items()}, flush=True)
+    choices = decide_choices(runs, a.choices)
     return {"benchmark": "selfreport_probe", "task": a.task, "out": str(a.out), "train_problems": a.train_problems,
-            "l2": a.l2, "runs": runs, "claims": decide_all(runs), "choices": decide_choices(runs, a.choices)}
+            "l2": a.l2, "runs": runs, "claims": decide_all(runs), "choices": choices,
+            **({"picked": pick(choices)} if a.pick else {})}
 
 
 def main() -> None:
@@ -225,6 +251,9 @@ def main() -> None:
     ap.add_argument("--l2", type=float, default=1e-3, help="the probe's L2 penalty per weight")
     ap.add_argument("--choices", nargs="*", default=[], metavar="PLAIN:NEW",
                     help="pairs of methods compared on the validation problems (the choice of a default)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=[], help="only these seeds (default: every finished run)")
+    ap.add_argument("--pick", action="store_true",
+                    help="pick one NEW per PLAIN of --choices by the rule of pick() (validation problems only)")
     ap.add_argument("--reuse", default=None, metavar="JSON",
                     help="a result of this script whose runs are taken as measured (same settings), not measured again")
     resultio.main(ap, measure, render, needs="out")

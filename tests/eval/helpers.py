@@ -2,13 +2,16 @@
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def benchmark_script(name: str):
-    """The module of ``benchmarks/NAME.py`` (the scripts are not a package)."""
+    """The module of ``benchmarks/NAME.py`` (the scripts are not a package; they import their shared ``resultio``)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -14,7 +14,9 @@ steps; throughput is completion tokens generated per second of whole steps, time
 CPU clock (``time.process_time``, all threads) so that other load on a shared machine does not
 skew the comparison (wall-clock figures are reported too). TRL is a
 benchmark-only dependency (``pip install trl``). ``--engines`` also times the two generation
-engines of reflectrl alone. The last line of output is one JSON object.
+engines of reflectrl alone. ``--engine-logp`` adds a third trainer to every round: reflectrl with ``--old-logp
+engine`` (the sampler's log-probs as the old ones, no no-grad pass before the update). The last line of output is
+one JSON object.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def worker_reflectrl(a) -> dict:
                           minibatches=a.minibatches, lora_r=a.lora_r, task_options=tuple(a.set),
                           temperature=a.temperature, loss_agg_mode="seq-mean-token-mean", clip_low=0.2, kl_coef=0.0,
                           threads=a.threads, progress=False, tensorboard=False, save_interval=0,
-                          sample_interval=0, export_model=False, seed=a.seed)
+                          sample_interval=0, export_model=False, seed=a.seed, old_logp=a.old_logp)
     trainer = GRPO(cfg)
     tokens, seconds, cpu = 0, 0.0, 0.0
     for i in range(a.warmup + a.steps):
@@ -147,8 +149,15 @@ def worker_engines(a) -> dict:
     return {f"{k}_tokens_per_s": max(v) for k, v in out.items()}
 
 
-def spawn(kind: str, a, tmp: str) -> dict:
+ARMS = {"reflectrl": ("reflectrl", "recompute"), "reflectrl_engine_logp": ("reflectrl", "engine"), "trl": ("trl", None),
+        "engines": ("engines", None)}
+"""Per arm: its worker and, for reflectrl's, its --old-logp."""
+
+
+def spawn(arm: str, a, tmp: str) -> dict:
+    kind, old_logp = ARMS[arm]
     argv = [sys.executable, __file__, "--worker", kind, "--model", a.model, "--tmp", tmp]
+    argv += ["--old-logp", old_logp] if old_logp else []
     for k in ("rows", "group_size", "max_new_tokens", "steps", "warmup", "threads", "seed", "minibatches", "lora_r",
               "temperature"):
         argv += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
@@ -183,6 +192,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="arith option (e.g. ops=+)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--engines", action="store_true", help="also time reflectrl's two generation engines")
+    ap.add_argument("--engine-logp", action="store_true",
+                    help="also time reflectrl with --old-logp engine in every round (after reflectrl, before TRL)")
+    ap.add_argument("--old-logp", default="recompute", choices=["recompute", "engine"], help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="write the result JSON here too")
     ap.add_argument("--json-out", default=None, help="and to this file (e.g. benchmarks/results/NAME.json)")
     a = ap.parse_args()
@@ -203,10 +215,11 @@ def main() -> None:
                                     batch_size=64, learning_rate=3e-3, progress=False))
                 a.model = str(Path(tmp) / "sft")
                 model_desc += f" + {a.sft_steps} supervised steps on arith"
-        runs: dict[str, list[float]] = {"reflectrl": [], "trl": []}
-        wall: dict[str, list[float]] = {"reflectrl": [], "trl": []}
+        arms = ["reflectrl", *(["reflectrl_engine_logp"] if a.engine_logp else []), "trl"]
+        runs: dict[str, list[float]] = {k: [] for k in arms}
+        wall: dict[str, list[float]] = {k: [] for k in arms}
         for r in range(a.rounds):
-            for kind in ("reflectrl", "trl"):
+            for kind in arms:
                 res = spawn(kind, a, tmp)
                 runs[kind].append(res["tokens"] / res["cpu_seconds"])
                 wall[kind].append(res["tokens"] / res["seconds"])
@@ -227,6 +240,9 @@ def main() -> None:
               "timed_steps": a.steps, "threads": a.threads, "lr": a.lr, "lora_r": a.lora_r,
               "temperature": a.temperature, "task_options": a.set, "trl_version": trl.__version__,
               "transformers_version": transformers.__version__, **engines}
+    if a.engine_logp:
+        mine = statistics.median(runs["reflectrl_engine_logp"])
+        result.update({"reflectrl_engine_logp_tokens_per_s": round(mine, 1), "ratio_engine_logp": round(mine / theirs, 3)})
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "result.json").write_text(json.dumps(result, indent=2))

@@ -137,6 +137,12 @@ class GRPOConfig(RunOptions):
     tis_cap: float | None = 2.0
     """Truncated importance sampling when the engine returns its log-probs (vllm): each token's policy-loss term
     is multiplied by min(exp(logp_trainer - logp_engine), tis_cap); None turns it off (the gap is still logged)."""
+    old_logp: Literal["recompute", "engine"] = "recompute"
+    """The old log-probs of the policy loss's ratio (when the batch is used for more than one optimizer step):
+    recompute: a no-grad pass of the trainer's model over the batch before the update; engine: the log-probs the
+    generation engine drew each token with (the torch engine computes them beside the draw, vllm returns them), so
+    that pass is not run: the same tokens, log-probs equal within float rounding on the torch engine, and no
+    importance correction (the engine's log-probs are the behaviour policy's). Takes --top-k 0."""
     gen_batch: int = 128
     """Rows generated together (larger is faster per token); rewards of one chunk are computed while the
     next generates."""
@@ -262,6 +268,8 @@ class GRPOConfig(RunOptions):
             (self.max_gen_batches >= 0, f"--max-gen-batches must be >= 0 (0: no limit), got {self.max_gen_batches}"),
             (self.max_gen_batches == 1 or self.filter_zero_std,
              "--max-gen-batches refills the groups --filter-zero-std leaves out: give --filter-zero-std too"),
+            (self.old_logp == "recompute" or self.top_k == 0,
+             "--old-logp engine takes --top-k 0 (the trainer's log-probs are over the whole vocabulary)"),
             (self.tis_cap is None or self.tis_cap >= 1,
              f"--tis-cap must be >= 1 (the cap of the importance weight), or None to turn it off; got {self.tis_cap}"),
         ]

@@ -64,9 +64,15 @@ class TorchSampler:
         if self.kept is not None:  # new weights: what was kept no longer holds
             self.kept.clear()
 
-    @torch.inference_mode()
     def generate(self, prompts, max_new_tokens, generator, greedy=False, stop_ids=()):
+        return self._sample(prompts, max_new_tokens, generator, greedy, stop_ids, False)[0]
 
+    @torch.inference_mode()
+    def _sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int] | int,
+                generator: torch.Generator, greedy: bool, stop_ids: Sequence[int], with_logp: bool
+                ) -> tuple[list[list[int]], list[list[float]] | None]:
+        """The sampled ids per prompt and, ``with_logp``, each one's log-prob under the distribution it was drawn
+        from (computed beside the draw: the same tokens either way)."""
         pol = self.policy
         dev = pol.device
         R = len(prompts)
@@ -79,6 +85,7 @@ class TorchSampler:
         context_mask, width = mask.clone(), mask.shape[1]
         eos = torch.as_tensor(sorted(set(pol.eos_ids) | set(stop_ids)), device=dev)
         toks = torch.full((R, max(int(budgets.max()), 1)), -1, dtype=torch.long, device=dev)
+        lps = torch.zeros(toks.shape, dtype=torch.float32, device=dev) if with_logp else None
         finished = budgets < 1
         alive = torch.arange(R, device=dev)  # the original row of each batch slot
         last_pos = pos[:, -1:]
@@ -87,6 +94,9 @@ class TorchSampler:
             nxt = self._pick(logits, generator, greedy)
             live = ~finished[alive]
             toks[alive[live], step] = nxt[live]
+            if lps is not None:
+                lp = torch.log_softmax(self._processed(logits, greedy), -1).gather(1, nxt[:, None]).squeeze(1)
+                lps[alive[live], step] = lp[live]
             step += 1
             finished[alive[live & (torch.isin(nxt, eos) | (step >= budgets[alive]))]] = True
             live = ~finished[alive]
@@ -104,7 +114,10 @@ class TorchSampler:
         if self.kept is not None:
             self._keep(prompts, toks, alive, torch.arange(alive.numel(), device=dev), cache, context_mask, width)
         rows = toks.cpu().tolist()
-        return [[t for t in row if t >= 0] for row in rows]
+        ids = [[t for t in row if t >= 0] for row in rows]
+        if lps is None:
+            return ids, None
+        return ids, [lp[:len(i)] for lp, i in zip(lps.cpu().tolist(), ids)]
 
     def _start(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, Tensor, Any]:
         """The first logits, the mask, the positions and the cache of a call: a prefill of every prompt, or, with
@@ -145,14 +158,21 @@ class TorchSampler:
             g = [t for t in g if t >= 0]
             self.kept.keep(list(prompts[r]), Kept(list(prompts[r]) + g[:-1], source, slot, real[i]))
 
-    def _pick(self, logits: Tensor, generator: torch.Generator, greedy: bool) -> Tensor:
+    def _processed(self, logits: Tensor, greedy: bool) -> Tensor:
+        """The logits of the distribution a token is drawn from: over the temperature, top-k applied (greedy: as
+        they are)."""
         if greedy or self.temperature == 0:
-            return logits.argmax(-1)
+            return logits.float()
         logits = logits.float() / self.temperature
         if self.top_k:
             kth = logits.topk(self.top_k, -1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, -1)
+        return logits
+
+    def _pick(self, logits: Tensor, generator: torch.Generator, greedy: bool) -> Tensor:
+        if greedy or self.temperature == 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(self._processed(logits, greedy), -1)
         # an exact draw from probs: argmax of probs / Exp(1) noise (cheaper than multinomial)
         noise = torch.empty(probs.shape, dtype=probs.dtype, device=generator.device).exponential_(generator=generator)
         return (probs / noise.to(probs.device)).argmax(-1)
@@ -163,6 +183,22 @@ class TorchSampler:
             if t in eos:
                 return seq[:i + 1]
         return seq
+
+
+class TorchLogprobSampler(TorchSampler):
+    """:class:`TorchSampler` that also returns each drawn token's log-prob (a :class:`LogprobEngine`:
+    ``--engine-options logprobs=true``, or ``--old-logp engine``). The same tokens as the plain sampler's."""
+
+    def generate_with_logprobs(self, prompts, max_new_tokens, generator, greedy=False, stop_ids=()):
+        ids, lps = self._sample(prompts, max_new_tokens, generator, greedy, stop_ids, True)
+        assert lps is not None
+        return ids, lps
+
+
+def _torch(policy: Policy, temperature: float = 1.0, top_k: int = 0, logprobs: bool = False,
+           **options: Any) -> GenerationEngine:
+    """``--engine torch``: the KV-cache sampler, returning its log-probs with ``logprobs``."""
+    return (TorchLogprobSampler if logprobs else TorchSampler)(policy, temperature, top_k, **options)
 
 
 class HFGenerate:
@@ -205,7 +241,7 @@ def _vllm_unavailable() -> str | None:
     return vllm_unavailable()
 
 
-ENGINES: dict[str, Callable[..., GenerationEngine]] = {"torch": TorchSampler, "hf": HFGenerate, "vllm": _vllm}
+ENGINES: dict[str, Callable[..., GenerationEngine]] = {"torch": _torch, "hf": HFGenerate, "vllm": _vllm}
 ENGINE_CHECKS: dict[str, Callable[[], str | None]] = {"vllm": _vllm_unavailable}
 """Per engine name, a check run before the model loads: why the engine cannot run here, or None."""
 

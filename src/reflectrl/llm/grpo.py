@@ -34,7 +34,7 @@ from .batch import ENGINE_LOGP, REPLAYED, TokenBatch
 from .collapse import CollapseAlarm
 from .config import SAMPLES, GRPOConfig
 from .distributed import from_env, rank_seed, shard
-from .engines import check_engine, default_engine_options, make_engine
+from .engines import check_engine, default_engine_options, engine_logprobs, make_engine
 from .episodes import (
     _no_signal_rows,
     _zero_std_rows,
@@ -177,8 +177,12 @@ class GRPO(PolicyUpdate, Trainer):
         cfg = self.cfg
         inner = self.task.task if isinstance(self.task, SelfReportTask) else self.task
         multi = bool(getattr(inner, "multi_turn", False))  # the task's own turns (a self-report turn aside)
+        own = {"logprobs": True} if cfg.old_logp == "engine" and cfg.engine == "torch" else {}
         self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k,
-                                  **{**default_engine_options(cfg.engine, multi), **cfg.engine_kwargs()})
+                                  **{**default_engine_options(cfg.engine, multi), **own, **cfg.engine_kwargs()})
+        if cfg.old_logp == "engine" and engine_logprobs(self.engine) is None:
+            raise ConfigError(f"--old-logp engine needs an engine that returns its log-probs (torch, vllm); "
+                              f"--engine {cfg.engine} does not")
         self.rollout = Rollout(self.policy, self.engine, self.task, cfg.max_new_tokens, cfg.max_turns,
                                cfg.max_response_tokens, cfg.gen_batch, cfg.reward_workers, reward_cache=cfg.reward_cache,
                                batch_scoring=cfg.sandbox_batch > 1)
@@ -216,6 +220,10 @@ class GRPO(PolicyUpdate, Trainer):
         log-probs (KL), the critic's values and the features / entropies methods and hooks asked for."""
         cfg = self.cfg
         want_old = cfg.ppo_epochs * cfg.minibatches > 1 or "old_logp" in self.needs or ENGINE_LOGP in batch.extras
+        if cfg.old_logp == "engine" and ENGINE_LOGP in batch.extras:  # the sampler's own: no pass for them
+            if want_old:
+                batch.old_logp = batch.extras[ENGINE_LOGP][:, :batch.steps].clone()
+            want_old = False
         want_ref = cfg.kl_coef > 0 or "ref_logp" in self.needs
         want_hidden, want_ent = "hidden" in self.needs, "entropy" in self.needs
         if not (want_old or want_ref or want_hidden or want_ent):

@@ -226,7 +226,7 @@ class PolicyUpdate:
         """When the engine gave its log-probs (``extras[ENGINE_LOGP]``) and the no-grad pass the trainer's
         (``old_logp``): the TIS weights of the loss (unless ``tis_cap`` is None) and the gap's metrics."""
         eng = batch.extras.get(ENGINE_LOGP)
-        if eng is None or batch.old_logp is None:
+        if eng is None or batch.old_logp is None or self.cfg.old_logp == "engine":  # engine: no gap to correct
             return {}
         C = batch.steps
         w, stats = tis_weights(batch.old_logp[:, :C].float(), eng[:, :C].float(), batch.completion_mask,

@@ -130,7 +130,9 @@ def main() -> None:
         s = (f"GRPO on a tiny model raises held-out accuracy by {arith[0]:.0f}-{arith[1]:.0f} points on arith and "
              f"{codegen[0]:.0f}-{codegen[1]:.0f} on codegen ({arith[2]} seeds) in 10 CPU-minutes")
         if thr:
-            s += f", at {thr['ratio']:.1f}x TRL's throughput"
+            s += f", at {thr['ratio']:.1f}x TRL's throughput" + (
+                f" ({thr['ratio_engine_logp']:.1f}x with the sampler's log-probs as the old ones, `--old-logp engine`)"
+                if "ratio_engine_logp" in thr else "")
         out.append(s)
     rag = llm_gains("rag")
     if rag:

@@ -1,0 +1,142 @@
+"""A whole GRPO update at a task's recipe, as it ran before the speed work and as it runs now, alternating in one process.
+
+    python benchmarks/llm_update_speed.py --task text2sql --out runs/bench/update_speed \
+        --json-out benchmarks/results/llm_update_speed_text2sql.json
+    python benchmarks/llm_update_speed.py --render llm_update_speed_text2sql.json [...]
+
+The model is the recipe's warm-up (``reflectrl llm init-tiny`` and ``llm warmup`` with the recipe's flags, into
+``OUT/TASK/warmup``; kept when it is there). Each round trains ``--updates`` GRPO updates from it with the recipe's
+train flags (and task options), a fresh trainer per arm, the arms in turn:
+
+- **before**: ``--engine-options reuse_cache=false --old-logp recompute``: every turn prefills its whole transcript
+  again, and a no-grad pass computes the old log-probs (how every update ran before the kept cache);
+- **default**: the trainer's defaults (the kept cache on a multi-turn task; the no-grad pass);
+- **engine log-probs**: the defaults and ``--old-logp engine`` (the sampler's log-probs as the old ones, no pass).
+
+Per arm: process CPU seconds per update (``time.process_time``, all threads of this process; the median over rounds
+of the mean over the updates after ``--skip``), the phases' wall seconds per update from the run's ``time/*`` fields,
+and whether the first update's episodes and rewards are the same as the before arm's (they must be: the arms differ
+in how the tokens are computed, not in which are drawn); the largest difference of its loss metrics from the before
+arm's (the log-probs differ within float rounding, so later updates may drift apart). The last line of output is one
+JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import resultio
+from llm_learn import preset, run
+
+ARMS = {"before": ["--engine-options", "reuse_cache=false", "--old-logp", "recompute"], "default": [],
+        "engine log-probs": ["--old-logp", "engine"]}
+PHASES = ("generate", "prefill", "reward_wait", "prepare", "update")
+
+
+def warmed_up(task: str, out: Path) -> Path:
+    """The recipe's warm-up of ``task`` under ``out`` (made when missing)."""
+    p, tiny, warm = preset(task), out / task / "tiny", out / task / "warmup"
+    if not (warm / "config.json").is_file():
+        (out / task).mkdir(parents=True, exist_ok=True)
+        log = out / task / "stderr.log"
+        run(["llm", "init-tiny", str(tiny), *p["tiny"], "--seed", "1"], log)
+        run(["llm", "warmup", "--model", str(tiny), "--task", task, "--out", str(warm), *p["warmup"],
+             "--stop-at-accuracy", str(p["warmup_target"]), "--max-new-tokens", str(p["max_new_tokens"]),
+             "--seed", "1", "--threads", "1", "--no-progress"], log)
+    return warm
+
+
+def one_arm(task: str, model: Path, run_dir: Path, flags: list[str], updates: int, skip: int) -> dict[str, Any]:
+    """``updates`` GRPO updates at the recipe with ``flags``: CPU s per update after ``skip``, the phases, update 1."""
+    from reflectrl.algos import config_for_algo
+    from reflectrl.cli.util import config_from_flags
+    from reflectrl.llm.grpo import GRPO
+    p = preset(task)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    base = config_for_algo("grpo", task=task, model=str(model), run_dir=str(run_dir), updates=updates, seed=1,
+                           progress=False, tensorboard=False, save_interval=0, sample_interval=0, export_model=False,
+                           threads=1)
+    cfg = config_from_flags(base, [*p["train"], "--max-new-tokens", str(p["max_new_tokens"]), *flags],
+                            "update_speed", "llm", False)
+    trainer = GRPO(cfg)
+    cpu, recs, first = [], [], None
+    for i in range(updates):
+        c0 = time.process_time()
+        recs.append(trainer.iteration())
+        cpu.append(time.process_time() - c0)
+        if i == 0:
+            first = trainer.last_batch.transcripts
+    trainer.rollout.close()
+    kept = recs[skip:]
+    return {"cpu_s": statistics.fmean(cpu[skip:]),
+            "phases": {p: statistics.fmean(float(x.get(f"time/{p}", 0.0)) for x in kept) for p in PHASES},
+            "first": first, "first_record": recs[0]}
+
+
+def measure(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    model = warmed_up(a.task, Path(a.out))
+    per: dict[str, list[dict[str, Any]]] = {k: [] for k in ARMS}
+    for rnd in range(a.rounds):
+        for arm, flags in ARMS.items():
+            res = one_arm(a.task, model, Path(a.out) / a.task / "runs" / f"{arm.replace(' ', '_')}_{rnd}", flags,
+                          a.updates, a.skip)
+            per[arm].append(res)
+            print(f"round {rnd + 1} {arm}: {res['cpu_s']:.3f} CPU s per update", flush=True)
+    before = per["before"][0]
+    arms = {}
+    for arm, runs in per.items():
+        first = runs[0]["first_record"]
+        losses = [k for k in first if k.startswith("losses/") and k != "losses/optimizer_steps"]
+        arms[arm] = {
+            "cpu_s_per_update": statistics.median(x["cpu_s"] for x in runs),
+            "rounds": [round(x["cpu_s"], 4) for x in runs],
+            "phases": {p: statistics.median(x["phases"][p] for x in runs) for p in PHASES},
+            "same_first_episodes": all(x["first"] == before["first"] for x in runs),
+            "same_first_rewards": all(x["first_record"]["reward/mean"] == before["first_record"]["reward/mean"]
+                                      for x in runs),
+            "first_loss_max_diff": max((abs(float(first[k]) - float(before["first_record"][k])) for k in losses),
+                                       default=0.0)}
+    b = arms["before"]["cpu_s_per_update"]
+    for v in arms.values():
+        v["speedup"] = b / v["cpu_s_per_update"]
+    return {"benchmark": "llm_update_speed", "task": a.task, "updates": a.updates, "skip": a.skip,
+            "rounds": a.rounds, "clock": "process CPU time (threads=1)", "arms": arms}
+
+
+def render(names: list[str]) -> str:
+    lines = ["| task | arm | CPU s per update (median) | speedup over before | generate s | prefill s | "
+             "no-grad pass s | update s | update 1: same episodes and rewards | update 1: largest loss-metric "
+             "difference |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for n in names:
+        r = json.loads(resultio.results_file(n).read_text())
+        for arm, v in r["arms"].items():
+            ph = v["phases"]
+            same = "yes" if v["same_first_episodes"] and v["same_first_rewards"] else "no"
+            lines.append(f"| {r['task']} | {arm} | {v['cpu_s_per_update']:.3f} | {v['speedup']:.2f}x | "
+                         f"{ph['generate']:.3f} | {ph['prefill']:.3f} | {ph['prepare']:.3f} | {ph['update']:.3f} | "
+                         f"{same} | {v['first_loss_max_diff']:.1e} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--task", default=None, choices=["text2sql", "rag", "arith", "codegen"])
+    ap.add_argument("--out", default="runs/bench/update_speed", help="the warm-ups and the runs go here")
+    ap.add_argument("--updates", type=int, default=6, help="updates per arm and round")
+    ap.add_argument("--skip", type=int, default=1, help="updates left out of the CPU mean (start-up)")
+    ap.add_argument("--rounds", type=int, default=3)
+    resultio.main(ap, measure, render, needs="task")
+
+
+if __name__ == "__main__":
+    main()

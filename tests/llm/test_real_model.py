@@ -87,3 +87,20 @@ def test_the_documented_commands(model_dir, capsys):
                  "--self-report", "both", "--json"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["n"] == 8 and res["reflection_missing_rate"] <= 0.25 and res["confidence_missing_rate"] <= 0.25
+
+
+def test_the_sampler_log_probs_are_the_trainers_on_the_real_model(model_dir, tmp_path):
+    """--old-logp engine on the real model with LoRA, asked a confidence after each answer (two turns, chat framed):
+    the sampler's log-probs of its tokens equal the trainer's forward within float32 rounding."""
+    from reflectrl.llm.batch import ENGINE_LOGP
+
+    trainer = GRPO(small(tmp_path, "lp", updates=1, group_size=2, old_logp="engine", self_report="confidence",
+                         export_model=False))
+    problems, group, offset, gen = trainer.draw_problems()
+    batch, _ = trainer.rollout.run(problems, group, gen, index_offset=offset)
+    with torch.no_grad():
+        ref = trainer.policy.forward_batch(batch, temperature=trainer.cfg.temperature).logp
+    m = batch.completion_mask
+    assert int(batch.turn_ids.max()) >= 1 and int(m.sum()) > 8
+    torch.testing.assert_close(batch.extras[ENGINE_LOGP][m], ref[:, :batch.steps][m], rtol=0, atol=2e-4)
+    trainer.rollout.close()

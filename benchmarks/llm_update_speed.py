@@ -11,7 +11,10 @@ train flags (and task options), a fresh trainer per arm, the arms in turn:
 - **before**: ``--engine-options reuse_cache=false --old-logp recompute``: every turn prefills its whole transcript
   again, and a no-grad pass computes the old log-probs (how every update ran before the kept cache);
 - **default**: the trainer's defaults (the kept cache on a multi-turn task; the no-grad pass);
-- **engine log-probs**: the defaults and ``--old-logp engine`` (the sampler's log-probs as the old ones, no pass).
+- **engine log-probs**: the defaults and ``--old-logp engine`` (the sampler's log-probs as the old ones, no pass);
+- **engine log-probs, causal layout**: and ``--attention causal`` (the training forward without a padding mask);
+- **... length-packed micro-batches**: and ``--micro-batch-tokens 4096`` (each minibatch's rows sorted by length and
+  packed into micro-batches of at most 4096 padded tokens).
 
 Per arm: process CPU seconds per update (``time.process_time``, all threads of this process; the median over rounds
 of the mean over the updates after ``--skip``), the phases' wall seconds per update from the run's ``time/*`` fields,
@@ -35,7 +38,10 @@ import resultio
 from llm_learn import preset, run
 
 ARMS = {"before": ["--engine-options", "reuse_cache=false", "--old-logp", "recompute"], "default": [],
-        "engine log-probs": ["--old-logp", "engine"]}
+        "engine log-probs": ["--old-logp", "engine"],
+        "engine log-probs, causal layout": ["--old-logp", "engine", "--attention", "causal"],
+        "engine log-probs, causal layout, length-packed micro-batches": [
+            "--old-logp", "engine", "--attention", "causal", "--micro-batch-tokens", "4096"]}
 PHASES = ("generate", "prefill", "reward_wait", "prepare", "update")
 
 

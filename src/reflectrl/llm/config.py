@@ -118,6 +118,11 @@ class GRPOConfig(RunOptions):
     """Optimizer steps per pass (rows split into this many minibatches)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step (gradient accumulation; the loss equals the unsplit one)."""
+    micro_batch_tokens: int = 0
+    """0: each minibatch is split into --grad-accum micro-batches of equal row counts. N > 0: its rows, sorted by
+    length, are packed into micro-batches of at most N padded tokens each (at least one row each), so that rows of
+    like length share a micro-batch and little padding is computed; the loss is the whole minibatch's either way
+    (equal within float rounding). Replaces --grad-accum."""
     dedupe: bool = True
     """Run the training forward once per distinct row of a group (identical samples: same loss and
     gradient), weighting it by its multiplicity; exact, and faster when the policy is peaked."""
@@ -250,6 +255,9 @@ class GRPOConfig(RunOptions):
              f"unknown --loss-agg-mode {self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}"),
             (self.ppo_epochs >= 1 and self.minibatches >= 1 and self.grad_accum >= 1,
              "--ppo-epochs, --minibatches and --grad-accum must be >= 1"),
+            (self.micro_batch_tokens >= 0, f"--micro-batch-tokens must be >= 0 (0: off), got {self.micro_batch_tokens}"),
+            (self.micro_batch_tokens == 0 or self.grad_accum == 1,
+             "--micro-batch-tokens replaces --grad-accum's equal split of a minibatch: give one of them"),
             (self.minibatches * self.grad_accum <= self.rows,
              f"--minibatches x --grad-accum ({self.minibatches} x {self.grad_accum}) exceeds the rows of a batch "
              f"(--prompts-per-update x --group-size = {self.rows})"),

@@ -191,11 +191,34 @@ class PolicyUpdate:
                     loss = loss + extra
         return loss
 
+    def _micro_splits(self, mb: TokenBatch | None) -> list[Tensor]:
+        """The rows of each micro-batch of ``mb``: ``grad_accum`` equal splits, or (``micro_batch_tokens`` N) the
+        rows sorted by length and packed in that order into micro-batches of at most N padded tokens (the layout's:
+        the longest prompt plus the longest response, or the longest row under the causal layout)."""
+        cap = self.cfg.micro_batch_tokens
+        if mb is None or not cap:
+            return list(torch.tensor_split(torch.arange(mb.rows if mb is not None else 0), self.cfg.grad_accum))
+        prompt = mb.prompt_mask.sum(1)
+        response = mb.last_real_response() + 1
+        causal = self.cfg.attention == "causal"
+        out: list[Tensor] = []
+        cur: list[int] = []
+        p_max = r_max = t_max = 0
+        for r in torch.argsort(prompt + response, stable=True).tolist():
+            p, q = int(prompt[r]), int(response[r])
+            np_, nr, nt = max(p_max, p), max(r_max, q), max(t_max, p + q)
+            if cur and (len(cur) + 1) * (nt if causal else np_ + nr) > cap:
+                out.append(torch.tensor(cur))
+                cur, np_, nr, nt = [], p, q, p + q
+            cur.append(r)
+            p_max, r_max, t_max = np_, nr, nt
+        return [*out, torch.tensor(cur)] if cur else out
+
     def _accumulate(self, mb: TokenBatch | None, norm: float, steps: int) -> tuple[bool, dict[str, float]]:
         """Backpropagate one minibatch's micro-batches, each loss weighted by its share of ``norm``; whether every
         loss was finite, and the weighted sums of their stats."""
         acc: dict[str, float] = {}
-        for micro_rows in torch.tensor_split(torch.arange(mb.rows if mb is not None else 0), self.cfg.grad_accum):
+        for micro_rows in self._micro_splits(mb):
             if mb is None or not micro_rows.numel():
                 continue
             micro = mb.select(micro_rows)

@@ -1,0 +1,67 @@
+"""``--micro-batch-tokens N``: a minibatch's rows sorted by length and packed into micro-batches of at most N padded
+tokens. The gradient equals the unsplit minibatch's within float rounding (both layouts, each loss aggregation), every
+row is in exactly one micro-batch, and a micro-batch exceeds N only when it is one row."""
+
+import pytest
+import torch
+
+from reflectrl.errors import ConfigError
+from reflectrl.llm.grpo import GRPO
+
+from .test_trainer import cfg
+
+
+def _batch(tiny_dir, tmp_path):
+    t = GRPO(cfg(tiny_dir, tmp_path, "roll", task="toy-guess", max_turns=3, max_new_tokens=4, prompts_per_update=4))
+    problems, group, offset, gen = t.draw_problems()
+    batch, _ = t.rollout.run(problems, group, gen, index_offset=offset)
+    t.rollout.close()
+    return batch
+
+
+def _grad(tiny_dir, tmp_path, batch, **kw):
+    t = GRPO(cfg(tiny_dir, tmp_path, "g", task="toy-guess", max_turns=3, max_new_tokens=4, prompts_per_update=4,
+                 dedupe=False, **kw))
+    t.advantages(batch)  # an untrained model's groups are all wrong: give the rows advantages of their own
+    batch.advantages = torch.linspace(-1, 1, batch.rows)[:, None] * batch.completion_mask.float()
+    t.update_idx = 1
+    t.update(batch)
+    t.rollout.close()
+    return t, torch.cat([p.grad.flatten() for p in t.policy.trainable_parameters()])
+
+
+@pytest.mark.parametrize("attention", ["padded", "causal"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_the_gradient_is_the_unsplit_minibatch(tiny_dir, tmp_path, attention, mode):
+    batch = _batch(tiny_dir, tmp_path)
+    lengths = batch.prompt_mask.sum(1) + batch.last_real_response() + 1
+    assert int(lengths.max()) > int(lengths.min())  # rows of unequal length
+    _, whole = _grad(tiny_dir, tmp_path, batch, attention=attention, loss_agg_mode=mode)
+    t, packed = _grad(tiny_dir, tmp_path, batch, attention=attention, loss_agg_mode=mode, micro_batch_tokens=60)
+    assert len(t._micro_splits(batch)) > 2
+    torch.testing.assert_close(packed, whole, atol=1e-7, rtol=1e-4)
+    assert packed.abs().sum() > 0
+
+
+def test_the_packing(tiny_dir, tmp_path):
+    batch = _batch(tiny_dir, tmp_path)
+    for attention in ("padded", "causal"):
+        t = GRPO(cfg(tiny_dir, tmp_path, "p", task="toy-guess", micro_batch_tokens=60, attention=attention))
+        splits = t._micro_splits(batch)
+        t.rollout.close()
+        rows = torch.cat(splits)
+        assert sorted(rows.tolist()) == list(range(batch.rows))
+        lengths = (batch.prompt_mask.sum(1) + batch.last_real_response() + 1)[rows]
+        assert torch.equal(lengths, lengths.sort().values)  # rows of like length together
+        for s in splits:
+            mb = batch.select(s)
+            width = int((mb.prompt_mask.sum(1) + mb.last_real_response() + 1).max()) if attention == "causal" else \
+                mb.prompt_ids.shape[1] + mb.steps
+            assert s.numel() == 1 or s.numel() * width <= 60
+
+
+def test_it_replaces_grad_accum(tiny_dir, tmp_path):
+    with pytest.raises(ConfigError, match="--micro-batch-tokens replaces --grad-accum"):
+        cfg(tiny_dir, tmp_path, micro_batch_tokens=100, grad_accum=2).validate()
+    with pytest.raises(ConfigError, match="--micro-batch-tokens must be >= 0"):
+        cfg(tiny_dir, tmp_path, micro_batch_tokens=-1).validate()

@@ -65,3 +65,23 @@ def test_it_replaces_grad_accum(tiny_dir, tmp_path):
         cfg(tiny_dir, tmp_path, micro_batch_tokens=100, grad_accum=2).validate()
     with pytest.raises(ConfigError, match="--micro-batch-tokens must be >= 0"):
         cfg(tiny_dir, tmp_path, micro_batch_tokens=-1).validate()
+
+
+def test_the_no_grad_pass_packs_the_same_way(tiny_dir, tmp_path):
+    """The old, reference and entropy outputs of the length-packed pass, put back in row order at the batch's width,
+    equal the one-chunk pass's within float rounding, with 0 where a row has no response token."""
+    batch = _batch(tiny_dir, tmp_path)
+    outs = []
+    for kw in ({}, {"micro_batch_tokens": 60}):
+        t = GRPO(cfg(tiny_dir, tmp_path, "n", task="toy-guess", minibatches=2, kl_coef=0.1, **kw))
+        t.needs = {*t.needs, "entropy"}
+        b = batch.select(range(batch.rows), trim=False)
+        t.prepare(b)
+        outs.append(b)
+        t.rollout.close()
+    whole, packed = outs
+    for name in ("old_logp", "ref_logp", "entropy"):
+        a, b = getattr(whole, name), getattr(packed, name)
+        assert a.shape == b.shape
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    assert torch.equal(packed.old_logp[~packed.response_attention], torch.zeros(int((~packed.response_attention).sum())))

@@ -77,6 +77,16 @@ class GRPOHook(Hook["GRPO"]):
     """True when ``after_rollout`` may change the batch (the no-grad pass then waits for it)."""
 
 
+def _place(parts: list[tuple[torch.Tensor, torch.Tensor]], rows: int, width: int) -> torch.Tensor:
+    """``[rows, width, ...]`` from per-chunk ``(row indices, values [n, w, ...])`` with ``w <= width``; 0 beyond each
+    chunk's width (response-aligned outputs of chunks trimmed to their own widths)."""
+    first = parts[0][1]
+    out = first.new_zeros((rows, width, *first.shape[2:]))
+    for idx, v in parts:
+        out[idx, :v.shape[1]] = v[:, :width]
+    return out
+
+
 class GRPO(PolicyUpdate, Trainer):
     """The GRPO trainer. ``GRPO(config_for_algo("grpo", task="arith", model=PATH)).learn()``."""
 
@@ -229,25 +239,34 @@ class GRPO(PolicyUpdate, Trainer):
         if not (want_old or want_ref or want_hidden or want_ent):
             return
         self.policy.eval()
-        step = max(1, math.ceil(batch.rows / cfg.grad_accum))  # no graph is kept: larger chunks than the update
-        old, ref, hid, ent = [], [], [], []
-        C = batch.steps
-        for s in range(0, batch.rows, step):
-            mb = batch.select(range(s, min(s + step, batch.rows)), trim=False)
+        parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"old": [], "ref": [], "hid": [], "ent": []}
+        for rows, mb in self._pass_chunks(batch):
             if want_old or want_hidden or want_ent:
                 out = self.policy.forward_batch(mb, with_entropy=want_ent, with_hidden=want_hidden,
                                                 temperature=cfg.temperature)
-                old.append(out.logp.cpu())
-                hid.append(out.hidden.cpu() if want_hidden else None)
-                ent.append(out.entropy.cpu() if want_ent else None)
+                parts["old"].append((rows, out.logp.cpu()))
+                if want_hidden:
+                    parts["hid"].append((rows, out.hidden.cpu()))
+                if want_ent:
+                    parts["ent"].append((rows, out.entropy.cpu()))
             if want_ref:
-                ref.append(self.policy.ref_logprobs(mb, cfg.temperature).cpu())
-        batch.old_logp = torch.cat(old)[:, :C] if want_old else batch.old_logp
-        batch.ref_logp = torch.cat(ref)[:, :C] if want_ref else batch.ref_logp
-        batch.hidden = torch.cat(hid) if want_hidden else batch.hidden
-        batch.entropy = torch.cat(ent) if want_ent else batch.entropy
+                parts["ref"].append((rows, self.policy.ref_logprobs(mb, cfg.temperature).cpu()))
+        R, C = batch.rows, batch.steps
+        batch.old_logp = _place(parts["old"], R, C) if want_old else batch.old_logp
+        batch.ref_logp = _place(parts["ref"], R, C) if want_ref else batch.ref_logp
+        batch.hidden = _place(parts["hid"], R, C) if want_hidden else batch.hidden
+        batch.entropy = _place(parts["ent"], R, C) if want_ent else batch.entropy
         if self.critic:
             batch.values = self.policy.head(VALUE_HEAD, batch.hidden).float() * batch.completion_mask
+
+    def _pass_chunks(self, batch: TokenBatch) -> list[tuple[torch.Tensor, TokenBatch]]:
+        """The row chunks of the no-grad pass, each with its rows: ``grad_accum`` contiguous chunks at the batch's
+        width (no graph is kept, so larger than the update's), or the update's length-packed micro-batches, each
+        trimmed to its own width (``micro_batch_tokens``)."""
+        if self.cfg.micro_batch_tokens:
+            return [(rows, batch.select(rows)) for rows in self._micro_splits(batch)]
+        step = max(1, math.ceil(batch.rows / self.cfg.grad_accum))
+        return [(rows, batch.select(rows, trim=False)) for rows in torch.arange(batch.rows).split(step)]
 
     def advantages(self, batch: TokenBatch) -> None:
         """Advantages from the registered estimator (verl signature), per token ``[R, C]``."""

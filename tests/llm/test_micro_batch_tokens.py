@@ -25,7 +25,7 @@ def _grad(tiny_dir, tmp_path, batch, **kw):
     t.advantages(batch)  # an untrained model's groups are all wrong: give the rows advantages of their own
     batch.advantages = torch.linspace(-1, 1, batch.rows)[:, None] * batch.completion_mask.float()
     t.update_idx = 1
-    t.update(batch)
+    t.stats = t.update(batch)
     t.rollout.close()
     return t, torch.cat([p.grad.flatten() for p in t.policy.trainable_parameters()])
 
@@ -36,11 +36,15 @@ def test_the_gradient_is_the_unsplit_minibatch(tiny_dir, tmp_path, attention, mo
     batch = _batch(tiny_dir, tmp_path)
     lengths = batch.prompt_mask.sum(1) + batch.last_real_response() + 1
     assert int(lengths.max()) > int(lengths.min())  # rows of unequal length
-    _, whole = _grad(tiny_dir, tmp_path, batch, attention=attention, loss_agg_mode=mode)
+    w, whole = _grad(tiny_dir, tmp_path, batch, attention=attention, loss_agg_mode=mode)
     t, packed = _grad(tiny_dir, tmp_path, batch, attention=attention, loss_agg_mode=mode, micro_batch_tokens=60)
     assert len(t._micro_splits(batch)) > 2
     torch.testing.assert_close(packed, whole, atol=1e-7, rtol=1e-4)
     assert packed.abs().sum() > 0
+    # the logged loss and token means too (entropy, clip fractions, KL: token shares, whatever the aggregation)
+    assert w.stats.keys() == t.stats.keys() and "losses/entropy" in w.stats
+    for k, v in w.stats.items():
+        assert t.stats[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
 
 
 def test_the_packing(tiny_dir, tmp_path):

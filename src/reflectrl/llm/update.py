@@ -216,13 +216,18 @@ class PolicyUpdate:
 
     def _accumulate(self, mb: TokenBatch | None, norm: float, steps: int) -> tuple[bool, dict[str, float]]:
         """Backpropagate one minibatch's micro-batches, each loss weighted by its share of ``norm``; whether every
-        loss was finite, and the weighted sums of their stats."""
+        loss was finite, and the weighted sums of their stats: the policy loss by the loss's weights, the token means
+        (entropy, clip fractions, KL) by each micro-batch's share of the policy tokens, so that they are the unsplit
+        minibatch's whatever the loss's aggregation."""
         acc: dict[str, float] = {}
+        if mb is not None:  # the token means are weighted by token shares, of this process's share of the loss
+            whole, tokens = self._normalizer(mb) / norm, float(mb.completion_mask.sum())
         for micro_rows in self._micro_splits(mb):
             if mb is None or not micro_rows.numel():
                 continue
             micro = mb.select(micro_rows)
             w = self._normalizer(micro) / norm
+            share = whole * float(micro.completion_mask.sum()) / tokens if tokens else w
             if w == 0:
                 continue
             rows, counts = self.distinct_rows(micro) if self._dedupe else (micro, None)
@@ -233,7 +238,7 @@ class PolicyUpdate:
                 return False, acc
             (loss * w).backward()
             for k, v in st.items():
-                acc[k] = acc.get(k, 0.0) + w * float(v)
+                acc[k] = acc.get(k, 0.0) + (w if k == "losses/policy_loss" else share) * float(v)
         return True, acc
 
     def _step(self, params: list[torch.nn.Parameter]) -> float:

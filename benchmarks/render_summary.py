@@ -55,7 +55,7 @@ HEADLINE = (  # (results file, method, section): each method's comparison on eac
     ("llm_claims_arith16.json", "refgrpo", "arith16"), ("llm_claims_arith16.json", "rlcr", "arith16"),
     ("llm_claims_arith17.json", "rlcr-rank", "arith17"), ("llm_claims_arith17.json", "refgrpo-balanced", "arith17"),
     ("llm_claims_arith18.json", "rlcr-rankbal", "arith18"), ("llm_claims_arith19.json", "rlcr-batchrank", "arith18"),
-    ("llm_claims_arith19late.json", "rlcr-batchrank-late", "arith18"),
+    ("llm_claims_arith20.json", "rlcr-batchrank-w0.5", "arith18"), ("llm_claims_arith19late.json", "rlcr-batchrank-late", "arith18"),
     ("llm_claims_arith13.json", "refgrpo-seed", "arith13"), ("llm_claims_arith14.json", "gear-seed", "gear"),
     ("llm_claims_arith14gear.json", "gear", "gear"), ("llm_claims_arith15.json", "exgrpo", "exgrpo"),
     ("llm_claims_text2sql13.json", "refgrpo", "text2sql13"), ("llm_claims_codegen14.json", "gear-seed", "gear"),

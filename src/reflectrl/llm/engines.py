@@ -91,12 +91,12 @@ class TorchSampler:
         last_pos = pos[:, -1:]
         step = 0
         while True:
-            nxt = self._pick(logits, generator, greedy)
+            drawn = self._processed(logits, greedy)
+            nxt = self._pick(drawn, generator, greedy)
             live = ~finished[alive]
             toks[alive[live], step] = nxt[live]
             if lps is not None:
-                lp = torch.log_softmax(self._processed(logits, greedy), -1).gather(1, nxt[:, None]).squeeze(1)
-                lps[alive[live], step] = lp[live]
+                lps[alive[live], step] = torch.log_softmax(drawn, -1).gather(1, nxt[:, None]).squeeze(1)[live]
             step += 1
             finished[alive[live & (torch.isin(nxt, eos) | (step >= budgets[alive]))]] = True
             live = ~finished[alive]
@@ -169,10 +169,11 @@ class TorchSampler:
             logits = logits.masked_fill(logits < kth, float("-inf"))
         return logits
 
-    def _pick(self, logits: Tensor, generator: torch.Generator, greedy: bool) -> Tensor:
+    def _pick(self, drawn: Tensor, generator: torch.Generator, greedy: bool) -> Tensor:
+        """A token per row from the :meth:`_processed` logits ``drawn``: their argmax (greedy), else a draw."""
         if greedy or self.temperature == 0:
-            return logits.argmax(-1)
-        probs = torch.softmax(self._processed(logits, greedy), -1)
+            return drawn.argmax(-1)
+        probs = torch.softmax(drawn, -1)
         # an exact draw from probs: argmax of probs / Exp(1) noise (cheaper than multinomial)
         noise = torch.empty(probs.shape, dtype=probs.dtype, device=generator.device).exponential_(generator=generator)
         return (probs / noise.to(probs.device)).argmax(-1)

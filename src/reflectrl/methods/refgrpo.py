@@ -117,9 +117,7 @@ def split_credit(batch: StepBatch, per_row: Tensor, scale: Literal["group", "bat
         adv = group_advantages(per_row.to(batch.advantages.dtype), groups)
     else:
         adv = batch_scaled_advantages(per_row.to(batch.advantages.dtype), groups)
-    if weight != 1.0:
-        adv = weight * adv
-    return Shaping(advantage_delta=report.to(adv.dtype) * (adv[:, None] - batch.advantages))
+    return Shaping(advantage_delta=report.to(adv.dtype) * (weight * adv[:, None] - batch.advantages))
 
 
 class RefGRPO:

@@ -80,7 +80,10 @@ class TorchSampler:
                                   device=dev)
         # the G rows of a group share their prompt: prefill each distinct prompt once, then copy its cache
         t0 = time.perf_counter()
+        from .kv_cache import reserve
+
         logits, mask, pos, cache = self._start(prompts)
+        reserve(cache, int(budgets.max()))  # the call's new columns appended in place, without copying the cache
         self.prefill_s += time.perf_counter() - t0
         context_mask, width = mask.clone(), mask.shape[1]
         eos = torch.as_tensor(sorted(set(pol.eos_ids) | set(stop_ids)), device=dev)
@@ -126,7 +129,7 @@ class TorchSampler:
         taken = [self.kept.take(list(p)) for p in prompts] if self.kept is not None and len(self.kept) else []
         if not any(m for m, _ in taken):
             return pol.prefill_shared(prompts)
-        from transformers import DynamicCache
+        from .kv_cache import new_cache
 
         self.reused_tokens += sum(m for m, _ in taken)
 
@@ -136,7 +139,7 @@ class TorchSampler:
         ids, new_mask = ids.to(dev), new_mask.long().to(dev)
         starts = torch.as_tensor([m for m, _ in taken], device=dev)
         pos = starts[:, None] + (new_mask.cumsum(1) - 1).clamp_min(0)
-        cache = DynamicCache(ddp_cache_data=past, config=self.policy.config)
+        cache = new_cache(self.policy.config, past)
         mask = torch.cat([past_mask, new_mask], 1)
         return pol.step_logits(ids, mask, pos, cache), mask, pos, cache
 

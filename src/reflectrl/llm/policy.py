@@ -190,9 +190,8 @@ class Policy(nn.Module):
         """Prefill a KV cache for ``prompts`` (left-padded), running each distinct prompt once and copying its cache
         to every row that repeats it (the G rows of a group). Returns per row the last prompt position's logits
         ``[R, V]`` (they predict the first new token), the prompt mask and positions ``[R, P]`` and the cache."""
-        from transformers import DynamicCache
-
         from .batch import left_pad
+        from .kv_cache import new_cache
 
         dev = self.device
         first: dict[tuple[int, ...], int] = {}
@@ -200,8 +199,7 @@ class Policy(nn.Module):
         ids, mask = left_pad([list(q) for q in first], self.pad_id)
         ids, mask = ids.to(dev), mask.long().to(dev)
         pos = (mask.cumsum(1) - 1).clamp_min(0)
-        takes_config = "config" in inspect.signature(DynamicCache.__init__).parameters
-        cache = DynamicCache(config=self.config) if takes_config else DynamicCache()
+        cache = new_cache(self.config)
         logits = self.step_logits(ids, mask, pos, cache)
         if len(first) < len(prompts):
             cache.batch_select_indices(inverse)

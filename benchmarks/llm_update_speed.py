@@ -8,9 +8,11 @@ The model is the recipe's warm-up (``reflectrl llm init-tiny`` and ``llm warmup`
 ``OUT/TASK/warmup``; kept when it is there). Each round trains ``--updates`` GRPO updates from it with the recipe's
 train flags (and task options), a fresh trainer per arm, the arms in turn:
 
-- **before**: ``--engine-options reuse_cache=false --old-logp recompute``: every turn prefills its whole transcript
-  again, and a no-grad pass computes the old log-probs (how every update ran before the kept cache);
-- **default**: the trainer's defaults (the kept cache on a multi-turn task; the no-grad pass);
+- **before**: ``--engine-options reuse_cache=false append_cache=false --old-logp recompute``: every turn prefills
+  its whole transcript again, each decoding step concatenates the KV cache (transformers' ``DynamicCache``), and a
+  no-grad pass computes the old log-probs (how every update ran before the speed work);
+- **default**: the trainer's defaults (the kept cache on a multi-turn task, the cache appended in place; the
+  no-grad pass);
 - **engine log-probs**: the defaults and ``--old-logp engine`` (the sampler's log-probs as the old ones, no pass);
 - **engine log-probs, causal layout**: and ``--attention causal`` (the training forward without a padding mask);
 - **... length-packed micro-batches**: and ``--micro-batch-tokens 4096`` (each minibatch's rows sorted by length and
@@ -37,7 +39,7 @@ from typing import Any
 import resultio
 from llm_learn import preset, run
 
-ARMS = {"before": ["--engine-options", "reuse_cache=false", "--old-logp", "recompute"], "default": [],
+ARMS = {"before": ["--engine-options", "reuse_cache=false", "append_cache=false", "--old-logp", "recompute"], "default": [],
         "engine log-probs": ["--old-logp", "engine"],
         "engine log-probs, causal layout": ["--old-logp", "engine", "--attention", "causal"],
         "engine log-probs, causal layout, length-packed micro-batches": [

@@ -13,12 +13,12 @@ from reflectrl.llm.engines import TorchLogprobSampler
 from reflectrl.llm.kv_cache import GrowingLayer, new_cache, reserve
 
 
-def _plain(config, past=None):
+def _plain(config, past=None, append=True):
     return DynamicCache(ddp_cache_data=past, config=config) if past is not None else DynamicCache(config=config)
 
 
-def _sample(policy, prompts, reuse, greedy, turns=2):
-    engine = TorchLogprobSampler(policy, temperature=1.0, reuse_cache=reuse)
+def _sample(policy, prompts, reuse, greedy, turns=2, append=True):
+    engine = TorchLogprobSampler(policy, temperature=1.0, reuse_cache=reuse, append_cache=append)
     g = torch.Generator().manual_seed(5)
     out = []
     budgets = [4 + 8 * (i % 2) for i in range(len(prompts))]  # rows that finish early are dropped from the batch
@@ -36,6 +36,7 @@ def test_the_sampler_draws_the_same_tokens_and_log_probs_bit_for_bit(tiny_policy
     prompts = [torch.randint(3, V, (int(n),), generator=g).tolist() for n in torch.randint(5, 40, (6,), generator=g)]
     prompts = [p for p in prompts for _ in range(3)]  # groups share a prompt: its cache is copied to each row
     growing = _sample(tiny_policy, prompts, reuse, greedy)
+    assert _sample(tiny_policy, prompts, reuse, greedy, append=False) == growing  # append_cache=false
     monkeypatch.setattr(kv_cache, "new_cache", _plain)
     plain = _sample(tiny_policy, prompts, reuse, greedy)
     assert growing == plain  # tokens and float log-probs, exactly

@@ -50,11 +50,13 @@ class TorchSampler:
     from the cache) as soon as they make up ``prune_frac`` of it. Uses its own ``torch.Generator``. With
     ``reuse_cache`` (``--engine-options reuse_cache=true``) each row's keys and values are kept from one call to the
     next, so that a multi-turn episode's next turn prefills only what was added to its transcript
-    (:mod:`reflectrl.llm.kv_reuse`)."""
+    (:mod:`reflectrl.llm.kv_reuse`). Its cache appends each step's keys and values in place
+    (:mod:`reflectrl.llm.kv_cache`; ``append_cache=false``: transformers' concatenating cache, the same tokens)."""
 
     def __init__(self, policy: Policy, temperature: float = 1.0, top_k: int = 0, prune_frac: float = 0.25,
-                 reuse_cache: bool = False):
+                 reuse_cache: bool = False, append_cache: bool = True):
         self.policy, self.temperature, self.top_k, self.prune_frac = policy, temperature, top_k, prune_frac
+        self.append_cache = append_cache
         self.prefill_s = 0.0  # seconds spent prefilling prompts (and transcripts), summed over calls
         self.kept = KeptContexts() if reuse_cache else None
         self.reused_tokens = 0  # context tokens whose keys and values came from the previous call (reuse_cache)
@@ -83,7 +85,7 @@ class TorchSampler:
         from .kv_cache import reserve
 
         logits, mask, pos, cache = self._start(prompts)
-        reserve(cache, int(budgets.max()))  # the call's new columns appended in place, without copying the cache
+        reserve(cache, int(budgets.max()))  # room for the call's new columns: appended without copying the cache
         self.prefill_s += time.perf_counter() - t0
         context_mask, width = mask.clone(), mask.shape[1]
         eos = torch.as_tensor(sorted(set(pol.eos_ids) | set(stop_ids)), device=dev)
@@ -128,7 +130,7 @@ class TorchSampler:
         pol = self.policy
         taken = [self.kept.take(list(p)) for p in prompts] if self.kept is not None and len(self.kept) else []
         if not any(m for m, _ in taken):
-            return pol.prefill_shared(prompts)
+            return pol.prefill_shared(prompts, append=self.append_cache)
         from .kv_cache import new_cache
 
         self.reused_tokens += sum(m for m, _ in taken)
@@ -139,7 +141,7 @@ class TorchSampler:
         ids, new_mask = ids.to(dev), new_mask.long().to(dev)
         starts = torch.as_tensor([m for m, _ in taken], device=dev)
         pos = starts[:, None] + (new_mask.cumsum(1) - 1).clamp_min(0)
-        cache = new_cache(self.policy.config, past)
+        cache = new_cache(self.policy.config, past, append=self.append_cache)
         mask = torch.cat([past_mask, new_mask], 1)
         return pol.step_logits(ids, mask, pos, cache), mask, pos, cache
 

@@ -111,16 +111,16 @@ class GrowingLayer(DynamicLayer):  # type: ignore[valid-type, misc]
 
 
 
-def new_cache(config: Any, past: list[tuple[Tensor, Tensor]] | None = None) -> Any:
+def new_cache(config: Any, past: list[tuple[Tensor, Tensor]] | None = None, append: bool = True) -> Any:
     """A ``DynamicCache`` for a model of ``config`` (holding ``past``, per layer keys and values, when given) whose
-    plain layers append in place (:class:`GrowingLayer`)."""
+    plain layers append in place (:class:`GrowingLayer`; not ``append``: transformers' own)."""
     takes_config = "config" in inspect.signature(DynamicCache.__init__).parameters
     if past is not None:
         cache = DynamicCache(ddp_cache_data=past, config=config)
     else:
         cache = DynamicCache(config=config) if takes_config else DynamicCache()
     layers = getattr(cache, "layers", None)
-    if layers is None or not _LAYERS:
+    if layers is None or not _LAYERS or not append:
         return cache
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer:

@@ -186,9 +186,11 @@ class Policy(nn.Module):
         h = out.hidden_states[-1][:, first:]
         return logits, h.gather(1, at[..., None].expand(R, C, h.shape[-1]))
 
-    def prefill_shared(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, Tensor, Any]:
+    def prefill_shared(self, prompts: Sequence[Sequence[int]], append: bool = True
+                       ) -> tuple[Tensor, Tensor, Tensor, Any]:
         """Prefill a KV cache for ``prompts`` (left-padded), running each distinct prompt once and copying its cache
-        to every row that repeats it (the G rows of a group). Returns per row the last prompt position's logits
+        to every row that repeats it (the G rows of a group); the cache appends in place unless not ``append``
+        (:mod:`~reflectrl.llm.kv_cache`). Returns per row the last prompt position's logits
         ``[R, V]`` (they predict the first new token), the prompt mask and positions ``[R, P]`` and the cache."""
         from .batch import left_pad
         from .kv_cache import new_cache
@@ -199,7 +201,7 @@ class Policy(nn.Module):
         ids, mask = left_pad([list(q) for q in first], self.pad_id)
         ids, mask = ids.to(dev), mask.long().to(dev)
         pos = (mask.cumsum(1) - 1).clamp_min(0)
-        cache = new_cache(self.config)
+        cache = new_cache(self.config, append=append)
         logits = self.step_logits(ids, mask, pos, cache)
         if len(first) < len(prompts):
             cache.batch_select_indices(inverse)

@@ -34,19 +34,25 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULT = HERE / "results" / "ppo_process_speed.json"
+SYNC = "reflectrl, envs in its process"  # the third side of a round with --with-sync
 SETTINGS = ["--num-envs", "8", "--num-steps", "128", "--update-epochs", "4", "--num-minibatches", "4"]
 
 
-def commands(total: int, seed: int, env_id: str, out: Path, tensorboard: bool, env_workers: int = 0
-             ) -> dict[str, list[str]]:
-    """The two command lines of one round (``out``: a fresh directory for both sides' files)."""
-    reflectrl = [sys.executable, "-m", "reflectrl", "train", "--algo", "ppo", "--env-id", env_id,
-                 "--total-timesteps", str(total), *SETTINGS, "--seed", str(seed), "--run-dir", str(out / "reflectrl"),
-                 "--no-progress", *([] if tensorboard else ["--no-tensorboard"]),
-                 *(["--env-workers", str(env_workers)] if env_workers else [])]
+def commands(total: int, seed: int, env_id: str, out: Path, tensorboard: bool, env_workers: int = 0,
+             with_sync: bool = False) -> dict[str, list[str]]:
+    """The command lines of one round (``out``: a fresh directory for every side's files): CleanRL's, reflectrl's
+    (with ``env_workers``) and, ``with_sync``, reflectrl's with every env in its process as well."""
+    def reflectrl(workers: int, name: str) -> list[str]:
+        return [sys.executable, "-m", "reflectrl", "train", "--algo", "ppo", "--env-id", env_id,
+                "--total-timesteps", str(total), *SETTINGS, "--seed", str(seed), "--run-dir", str(out / name),
+                "--no-progress", *([] if tensorboard else ["--no-tensorboard"]),
+                *(["--env-workers", str(workers)] if workers else [])]
     cleanrl = [sys.executable, str(HERE / "cleanrl_ppo.py"), "--total-timesteps", str(total), "--seed", str(seed),
                "--env-id", env_id, "--threads", "1", *(["--tensorboard", str(out / "cleanrl_tb")] if tensorboard else [])]
-    return {"reflectrl": reflectrl, "cleanrl": cleanrl}
+    cmds = {"cleanrl": cleanrl, "reflectrl": reflectrl(env_workers, "reflectrl")}
+    if with_sync and env_workers:
+        cmds[SYNC] = reflectrl(0, "reflectrl_sync")
+    return cmds
 
 
 def shown(arg: str) -> str:
@@ -73,21 +79,24 @@ def timed(cmd: list[str]) -> dict:
 def measure(args: argparse.Namespace) -> dict:
     rows = []
     for r in range(args.rounds):
-        order = ("cleanrl", "reflectrl") if r % 2 == 0 else ("reflectrl", "cleanrl")
         load_before = os.getloadavg()
-        row: dict = {"round": r + 1, "order": list(order), "load_before": [round(x, 2) for x in load_before]}
         with tempfile.TemporaryDirectory() as d:
-            cmds = commands(args.total_timesteps, r + 1, args.env_id, Path(d), args.tensorboard, args.env_workers)
+            cmds = commands(args.total_timesteps, r + 1, args.env_id, Path(d), args.tensorboard, args.env_workers,
+                            args.with_sync)
+            order = list(cmds) if r % 2 == 0 else list(cmds)[::-1]
+            row: dict = {"round": r + 1, "order": order, "load_before": [round(x, 2) for x in load_before]}
             for who in order:
                 row[who] = timed(cmds[who])
         row["load_after"] = [round(x, 2) for x in os.getloadavg()]
         row["ratio"] = row["reflectrl"]["sps"] / row["cleanrl"]["sps"]
         row["loop_ratio"] = row["reflectrl"]["loop_sps"] / row["cleanrl"]["loop_sps"]
+        if SYNC in row:
+            row["sync_ratio"] = row[SYNC]["sps"] / row["cleanrl"]["sps"]
+            row["workers_over_sync"] = row["reflectrl"]["sps"] / row[SYNC]["sps"]
         rows.append(row)
         print(f"round {r + 1} ({order[0]} first, load {load_before[0]:.1f} -> {row['load_after'][0]:.1f}): "
-              f"cleanrl {row['cleanrl']['sps']:.0f} steps/s ({row['cleanrl']['wall_s']:.1f} s), reflectrl "
-              f"{row['reflectrl']['sps']:.0f} steps/s ({row['reflectrl']['wall_s']:.1f} s), ratio {row['ratio']:.3f} "
-              f"(in-loop {row['loop_ratio']:.3f})", file=sys.stderr, flush=True)
+              + ", ".join(f"{who} {row[who]['sps']:.0f} steps/s ({row[who]['wall_s']:.1f} s)" for who in order)
+              + f", ratio {row['ratio']:.3f} (in-loop {row['loop_ratio']:.3f})", file=sys.stderr, flush=True)
     med = lambda who, key: statistics.median(row[who][key] for row in rows)
     ratios = [row["ratio"] for row in rows]
     result = {
@@ -97,16 +106,20 @@ def measure(args: argparse.Namespace) -> dict:
         **({"label": args.label} if args.label else {}),
         "commands": {k: " ".join(shown(c) for c in v)
                      for k, v in commands(args.total_timesteps, 1, args.env_id, Path("TMP"), args.tensorboard,
-                                          args.env_workers).items()},
+                                          args.env_workers, args.with_sync).items()},
         "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
         "ratios": [round(x, 3) for x in ratios],
         "loop_ratio_median": statistics.median(row["loop_ratio"] for row in rows),
         "loop_ratios": [round(row["loop_ratio"], 3) for row in rows],
     }
-    for who in ("cleanrl", "reflectrl"):
+    for who in ("cleanrl", "reflectrl", *([SYNC] if SYNC in rows[0] else [])):
         for key in ("sps", "wall_s", "loop_sps", "outside_loop_s"):
             result[f"{who}_{key}_median"] = med(who, key)
         result[f"{who}_sps"] = [round(row[who]["sps"], 1) for row in rows]
+    if SYNC in rows[0]:
+        for key in ("sync_ratio", "workers_over_sync"):
+            result[f"{key}_median"] = statistics.median(row[key] for row in rows)
+            result[f"{key}s"] = [round(row[key], 3) for row in rows]
     result["per_round"] = rows
     return result
 
@@ -118,7 +131,7 @@ def render(path: Path = RESULT) -> str:
     r = json.loads(path.read_text())
     rows = ["| | steps/s (whole process) | wall s | steps/s in its training loop | s outside the loop |",
             "|---|---|---|---|---|"]
-    for who in ("cleanrl", "reflectrl"):
+    for who in ("cleanrl", "reflectrl", *([SYNC] if f"{SYNC}_sps_median" in r else [])):
         rows.append(f"| {who} | {r[f'{who}_sps_median']:.0f} | {r[f'{who}_wall_s_median']:.1f} | "
                     f"{r[f'{who}_loop_sps_median']:.0f} | {r[f'{who}_outside_loop_s_median']:.1f} |")
     ratios = ", ".join(f"{x:.2f}" for x in r["ratios"])
@@ -129,7 +142,11 @@ def render(path: Path = RESULT) -> str:
     return ("\n".join(rows) + f"\n\nRatio reflectrl / CleanRL as whole processes (median of {r['rounds']} alternating "
             f"rounds of {r['total_timesteps']} steps, {logging}): **{r['ratio_median']:.2f}x** (rounds: {ratios}; "
             f"range {r['ratio_min']:.2f}-{r['ratio_max']:.2f}); the ratio of the same processes' training loops: "
-            f"{r['loop_ratio_median']:.2f}x. Medians per column; 1-minute load average before-after each round: {loads}.")
+            f"{r['loop_ratio_median']:.2f}x. Medians per column; 1-minute load average before-after each round: {loads}."
+            + (f" In the same rounds, reflectrl with every env in its process: {r['sync_ratio_median']:.2f}x CleanRL "
+               f"(rounds: {', '.join(f'{x:.2f}' for x in r['sync_ratios'])}); the workers' speed over it: "
+               f"{r['workers_over_sync_median']:.2f}x (rounds: {', '.join(f'{x:.2f}' for x in r['workers_over_syncs'])})."
+               if "sync_ratio_median" in r else ""))
 
 
 def main() -> None:
@@ -138,6 +155,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--env-id", default="LunarLander-v3")
     ap.add_argument("--env-workers", type=int, default=0, help="reflectrl's --env-workers (0: the envs in its process)")
+    ap.add_argument("--with-sync", action="store_true",
+                    help="with --env-workers: also time reflectrl with every env in its process, in the same rounds")
     ap.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=True,
                     help="TensorBoard logging on both sides (default) or on neither")
     ap.add_argument("--json-out", type=Path, default=None, help="write the result JSON here")

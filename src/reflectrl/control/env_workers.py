@@ -5,9 +5,9 @@ The ``num_envs`` environments are split into K + 1 contiguous shards, each a lea
 itself, and each of K worker processes one of the others. Actions go to the workers and observations, rewards and
 episode ends come back through shared-memory arrays. A step is signalled through shared memory too, on x86-64: the
 trainer bumps a worker's command counter, the worker (waiting on it, spinning briefly, then yielding, then napping)
-steps its envs and writes the counter back as its acknowledgement, a round trip of about a microsecond where a pipe
-takes tens (x86-64 keeps stores in order, so the arrays are written before the counter is seen; other machines use
-the pipe for every command). Resets, replays and closing go through the pipes. All shards step at once, each on
+steps its envs and writes the counter back as its acknowledgement: no system call and no process to wake while the
+steps come fast, where a pipe's round trip costs about what stepping a few cheap envs does (x86-64 keeps stores in
+order, so the arrays are written before the counter is seen; other machines use the pipe for every command). Resets, replays and closing go through the pipes. All shards step at once, each on
 its own core. Every random choice stays in the
 trainer's process (actions, reset seeds), and each environment sees the same calls in the same order as in the
 synchronous vector env, so a run is bitwise the synchronous run, checkpoints and resume included (resume replays

@@ -18,6 +18,9 @@ asking the same question after each episode (the turn trained, no bonus) against
 ``refgrpo@asked`` / ``rlcr@asked`` is the method against that GRPO, what the method adds beyond its turn.
 ``refgrpo-kept`` and ``rlcr-kept`` are the methods with ``--engine-options reuse_cache=true``: the report turn
 continues each row's KV cache instead of prefilling the transcript again (bar 1.10 against GRPO).
+``refgrpo-fast`` and ``rlcr-fast`` are the methods against ``grpo-fast``, all three with the speed work's opt-in
+flags: ``--old-logp engine`` (no no-grad pass, which runs over the asked turn's question too),
+``--engine-options reuse_cache=true`` and ``--attention causal`` (bar 1.10).
 ``exgrpo-seed-terminal`` is exgrpo-seed with ``--refl-credit terminal`` (its LLM default before this version);
 ``exgrpo-seed-lm`` is exgrpo-seed with the language-model reflector (``--refl-reflector lm``: the policy grades every
 episode), against GRPO and (``@network``) against exgrpo-seed's network reflector. A subset of rows
@@ -58,6 +61,10 @@ RUNS = {  # label: (algo, extra options) of one training run per round
     # the asked self-report turn with each row's KV cache kept from the answer (no second prefill)
     "refgrpo-kept": ("refgrpo", {"engine_options": ("reuse_cache=true",)}),
     "rlcr-kept": ("rlcr", {"engine_options": ("reuse_cache=true",)}),
+    # the speed work's opt-in flags on both sides: the sampler's log-probs as the old ones (no no-grad pass over the
+    # asked turn's question), the report turn continuing the answer's KV cache, the causal layout
+    **{f"{k}-fast": (k, {"old_logp": "engine", "engine_options": ("reuse_cache=true",), "attention": "causal"})
+       for k in ("grpo", "refgrpo", "rlcr")},
 }
 METHODS = {  # row label: (run, baseline run, bar; None: a decomposition row without a bar)
     "refgrpo": ("refgrpo", "grpo", 1.05),
@@ -81,6 +88,9 @@ METHODS = {  # row label: (run, baseline run, bar; None: a decomposition row wit
     # the asked turn without its second prefill (--engine-options reuse_cache=true), against plain GRPO
     "refgrpo-kept": ("refgrpo-kept", "grpo", 1.10),
     "rlcr-kept": ("rlcr-kept", "grpo", 1.10),
+    # both with the speed work's opt-in flags (``-fast``: --old-logp engine, reuse_cache=true, --attention causal)
+    "refgrpo-fast": ("refgrpo-fast", "grpo-fast", 1.10),
+    "rlcr-fast": ("rlcr-fast", "grpo-fast", 1.10),
 }
 
 

@@ -122,15 +122,17 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(names: list[str]) -> str:
-    lines = ["| task | arm | CPU s per update (median) | speedup over before | generate s | prefill s | "
-             "no-grad pass s | update s | update 1: same episodes and rewards | update 1: largest loss-metric "
-             "difference |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| task | arm | CPU s per update (median) | speedup over before | speedup per round | generate s | "
+             "prefill s | no-grad pass s | update s | update 1: same episodes and rewards | update 1: largest "
+             "loss-metric difference |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in names:
         r = json.loads(resultio.results_file(n).read_text())
+        before = r["arms"]["before"]["rounds"]
         for arm, v in r["arms"].items():
             ph = v["phases"]
             same = "yes" if v["same_first_episodes"] and v["same_first_rewards"] else "no"
-            lines.append(f"| {r['task']} | {arm} | {v['cpu_s_per_update']:.3f} | {v['speedup']:.2f}x | "
+            rounds = ", ".join(f"{b / x:.2f}" for b, x in zip(before, v["rounds"]))
+            lines.append(f"| {r['task']} | {arm} | {v['cpu_s_per_update']:.3f} | {v['speedup']:.2f}x | {rounds} | "
                          f"{ph['generate']:.3f} | {ph['prefill']:.3f} | {ph['prepare']:.3f} | {ph['update']:.3f} | "
                          f"{same} | {v['first_loss_max_diff']:.1e} |")
     return "\n".join(lines)

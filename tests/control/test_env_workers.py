@@ -48,8 +48,9 @@ def test_resume_with_workers_equals_the_uninterrupted_synchronous_run(tmp_path):
     assert all(torch.equal(ta[k], tb[k]) for k in ta if k.startswith("model/"))
 
 
-def test_the_worker_env_steps_resets_and_replays_as_the_synchronous_one():
-    sync, work = make_vector_env("CartPole-v1", 4), WorkerVectorEnv("CartPole-v1", 4, 3)
+@pytest.mark.parametrize("shared_signal", [True, False])  # a step announced in shared memory (x86-64), or on the pipe
+def test_the_worker_env_steps_resets_and_replays_as_the_synchronous_one(shared_signal):
+    sync, work = make_vector_env("CartPole-v1", 4), WorkerVectorEnv("CartPole-v1", 4, 3, shared_signal=shared_signal)
     try:
         ta, tb = EpisodeTracker(7, 4), EpisodeTracker(7, 4)
         oa, ob = reset_all(sync, ta), reset_all(work, tb)
@@ -72,8 +73,9 @@ def test_the_worker_env_steps_resets_and_replays_as_the_synchronous_one():
         work.close()
 
 
-def test_a_worker_that_dies_is_one_error_naming_it():
-    env = WorkerVectorEnv("CartPole-v1", 5, 2)
+@pytest.mark.parametrize("shared_signal", [True, False])
+def test_a_worker_that_dies_is_one_error_naming_it(shared_signal):
+    env = WorkerVectorEnv("CartPole-v1", 5, 2, shared_signal=shared_signal)
     try:
         assert env.local == (0, 2) and env.shards == [(2, 3), (3, 5)]  # the trainer's shard, then the workers'
         env.reset(seed=[1, 2, 3, 4, 5])
@@ -92,3 +94,16 @@ def test_impossible_worker_counts_are_refused_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match="--env-workers must be 0"):
         PPO(cfg(tmp_path, "y", env_workers=-1))
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@pytest.mark.parametrize("shared_signal", [True, False])
+def test_a_worker_whose_env_raises_is_one_error_naming_it(shared_signal):
+    env = WorkerVectorEnv("CartPole-v1", 5, 2, shared_signal=shared_signal)
+    try:
+        env.reset(seed=[1, 2, 3, 4, 5])
+        env.step(np.zeros(5, np.int64))
+        with pytest.raises(ReflectRLError, match=r"env worker 1 \(envs 3-4\) failed"):
+            env.step(np.array([0, 0, 0, 0, 7]))  # CartPole refuses an action outside its two
+        assert not any(p.is_alive() for p in env.procs)
+    finally:
+        env.close()

@@ -53,6 +53,21 @@ def test_a_run_takes_the_engine_log_probs_and_runs_no_pass(tiny_dir, tmp_path, m
     t.close()
 
 
+@pytest.mark.parametrize("algo", ["refgrpo", "rlcr"])
+def test_a_method_that_reads_no_hidden_states_runs_no_pass_either(tiny_dir, tmp_path, monkeypatch, algo):
+    """refgrpo and rlcr shape from outcomes and self-reports: with the sampler's log-probs, their update runs no
+    no-grad pass (the asked turn's question is not run through the model once more)."""
+    calls = []
+    t = GRPO(cfg(tiny_dir, tmp_path, algo, algo=algo, old_logp="engine", minibatches=2, updates=1, max_new_tokens=16))
+    assert "hidden" not in t.needs
+    real = t.policy.forward_batch
+    monkeypatch.setattr(t.policy, "forward_batch", lambda *a, **k: calls.append(torch.is_grad_enabled()) or real(*a, **k))
+    t.iteration()
+    assert calls and all(calls)
+    assert int(t.last_batch.turn_ids.max()) >= 1  # the report turn was asked and trained
+    t.close()
+
+
 def test_logprobs_alone_keep_the_recomputed_pass_and_its_correction(tiny_dir, tmp_path):
     t = GRPO(cfg(tiny_dir, tmp_path, "tis", engine_options=("logprobs=true",), minibatches=2, updates=1))
     rec = t.iteration()

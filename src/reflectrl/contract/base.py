@@ -100,7 +100,9 @@ class Method(Protocol):
     """The protocol of a method class (``aux_loss`` is optional)."""
 
     fit_first: bool
-    """True: ``fit`` runs before ``shape`` on the same batch; False: after it."""
+    """True: ``fit`` runs before ``shape`` on the same batch; False: after it. A method may also declare
+    ``reads_states = False`` when neither call reads ``states`` or ``features``: the LLM front end then skips the
+    hidden states (and the no-grad pass, when nothing else needs it) for it (:attr:`MethodRunner.reads_states`)."""
 
     def fit(self, batch: StepBatch) -> None: ...
 
@@ -138,6 +140,8 @@ class MethodRunner:
         self.name = name or type(method).__name__
         self.reads: tuple[str, ...] = tuple(getattr(method, "reads", ()))
         """The fields a hook must put into the batch for this method (:func:`reflectrl.contract.hooks.check_provided`)."""
+        self.reads_states: bool = bool(getattr(method, "reads_states", True))
+        """Whether the method reads the batch's ``states`` / ``features`` (unless it says otherwise, it does)."""
         self.seconds = 0.0
 
     @property

@@ -7,10 +7,10 @@ episode ends come back through shared-memory arrays. A step is signalled through
 trainer bumps a worker's command counter, the worker (waiting on it, spinning briefly, then yielding, then napping)
 steps its envs and writes the counter back as its acknowledgement: no system call and no process to wake while the
 steps come fast, where a pipe's round trip costs about what stepping a few cheap envs does (x86-64 keeps stores in
-order, so the arrays are written before the counter is seen; other machines use the pipe for every command). Resets, replays and closing go through the pipes. All shards step at once, each on
-its own core. Every random choice stays in the
-trainer's process (actions, reset seeds), and each environment sees the same calls in the same order as in the
-synchronous vector env, so a run is bitwise the synchronous run, checkpoints and resume included (resume replays
+order, so the arrays are written before the counter is seen; other machines use the pipe for every command).
+Resets, replays and closing go through the pipes. All shards step at once, each on its own core. Every random
+choice stays in the trainer's process (actions, reset seeds), and each environment sees the same calls in the same
+order as in the synchronous vector env, so a run is bitwise the synchronous run, checkpoints and resume included (resume replays
 each environment's current episode where it lives).
 
 A worker that dies or raises ends the run with one error naming it; the last checkpoint on disk is kept.

@@ -159,7 +159,7 @@ class GRPO(PolicyUpdate, Trainer):
         if cfg.max_gen_batches != 1 and any(h.changes_batch for h in self.hooks):
             raise ConfigError(f"--max-gen-batches refills a batch, but --algo {cfg.algo} composes its own batches "
                               "(replayed rows); leave --max-gen-batches at 1")
-        if methods:
+        if callable(methods) or any(r.reads_states for r in self.methods):  # the hidden states are their states
             self.needs.add("hidden")
         self.critic = "values" in adv_est_requires(cfg.adv_estimator)
         if self.critic:

@@ -116,6 +116,7 @@ class GEAR:
     """Departures, adaptive segments and teacher-modulated weights on a batch with teacher log-probs."""
 
     fit_first = True
+    reads_states = False  # it shapes from the teacher's and the policy's log-probs, not hidden states
 
     def __init__(self, opts: GEAROptions):
         self.o = opts

@@ -124,6 +124,7 @@ class RefGRPO:
     """The reflection-agreement bonus on the rollouts' reflections (no learned part)."""
 
     fit_first = True
+    reads_states = False  # it shapes from outcomes and self-reports, not hidden states
 
     def __init__(self, opts: RefGRPOOptions):
         self.o = opts

@@ -86,6 +86,7 @@ class RLCR:
     """The Brier calibration reward on the rollouts' stated confidences (no learned part)."""
 
     fit_first = True
+    reads_states = False  # it shapes from outcomes and self-reports, not hidden states
 
     def __init__(self, opts: RLCROptions):
         self.o = opts

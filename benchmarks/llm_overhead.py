@@ -103,6 +103,15 @@ def flags_to_options(flags: tuple[str, ...]) -> dict:
     return out
 
 
+def _value(text: str) -> object:
+    """A ``--config`` value: JSON when it parses (a list becomes a tuple), else the text."""
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return tuple(v) if isinstance(v, list) else v
+
+
 def train_flags(task: str, prompts: int | None, group: int | None) -> tuple[str, ...]:
     """The recipe's train flags of ``task``, with ``--prompts-per-update`` and ``--group-size`` replaced where given."""
     flags = list(recipe(task).train)
@@ -138,9 +147,18 @@ def main() -> None:
     ap.add_argument("--methods", nargs="*", default=list(METHODS))
     ap.add_argument("--prompts-per-update", type=int, default=None, help="in place of the recipe's")
     ap.add_argument("--group-size", type=int, default=None, help="in place of the recipe's")
+    ap.add_argument("--no-recipe", action="store_true",
+                    help="the trainer's defaults (with --config) in place of the task's recipe train flags")
+    ap.add_argument("--config", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="config fields for every run (VALUE read as JSON when it parses, else text), e.g. lora_r=16 "
+                         "'task_options=[\"ops=+\"]'")
     ap.add_argument("--json-out", type=Path, default=None)
     a = ap.parse_args()
-    flags = train_flags(a.task, a.prompts_per_update, a.group_size)
+    flags = () if a.no_recipe else train_flags(a.task, a.prompts_per_update, a.group_size)
+    common = {k: _value(v) for k, v in (c.split("=", 1) for c in a.config)}
+    if a.no_recipe:
+        common.update({k: v for k, v in (("prompts_per_update", a.prompts_per_update), ("group_size", a.group_size))
+                       if v is not None})
     unknown = [m for m in a.methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
@@ -151,12 +169,13 @@ def main() -> None:
         res = {}
         for algo in order:
             name, extra = RUNS[algo]
-            res[algo] = run(name, a.model, a.task, a.updates, r + 1, extra, flags)
+            res[algo] = run(name, a.model, a.task, a.updates, r + 1, {**common, **extra}, flags)
             print(f"round {r + 1} {algo}: {res[algo]['cpu_s']:.1f} CPU-s, {res[algo]['tokens']:.0f} tokens",
                   file=sys.stderr, flush=True)
         rows.append(res)
     out: dict = {"benchmark": "llm_overhead", "task": a.task, "model": a.model, "updates": a.updates, "rounds": a.rounds,
-                 "settings": " ".join(flags), "clock": "process CPU seconds per token"}
+                 "settings": " ".join([*flags, *(f"{k}={v}" for k, v in common.items())]),
+                 "clock": "process CPU seconds per token"}
     for m in a.methods:
         label, base, bar = METHODS[m]
         ratios = [row[label]["cpu_per_token"] / row[base]["cpu_per_token"] for row in rows]

@@ -184,10 +184,11 @@ class TokenBatch:
         return TokenBatch(**kw)
 
     # ------------------------------------------------------------------ storage
-    def to_records(self) -> list[dict[str, Any]]:
-        """One plain dict per row (token lists and masks without padding): a stored trajectory."""
+    def to_records(self, rows: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        """One plain dict per row (token lists and masks without padding): a stored trajectory; of the ``rows``
+        given (all when None), in their order."""
         recs = []
-        for r in range(self.rows):
+        for r in range(self.rows) if rows is None else rows:
             pm, ra = self.prompt_mask[r], self.response_attention[r]
             n = int(ra.sum())
             recs.append({

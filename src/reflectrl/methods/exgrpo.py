@@ -204,10 +204,11 @@ class ExGRPO(GRPOHook):
         for r in fresh.nonzero().squeeze(1).tolist():
             groups.setdefault(batch.problems[r].id, []).append(r)
         old = batch.old_logp
-        records = batch.to_records()
+        solved = {q: round(sum(bool(batch.correct[r]) for r in rows) * K / len(rows)) for q, rows in groups.items()}
+        keep = [r for q, rows in groups.items() if 0 < solved[q] < K for r in rows if bool(batch.correct[r])]
+        records = dict(zip(keep, batch.to_records(keep)))  # only the rows stored below become records
         for q, rows in groups.items():
-            n_ok = sum(bool(batch.correct[r]) for r in rows)
-            k = round(n_ok * K / len(rows))
+            k = solved[q]
             if k >= K:
                 if self.o.exgrpo_retire:
                     self.retired.add(q)

@@ -42,6 +42,7 @@ from pathlib import Path
 from reflectrl.algos import get_algo
 from reflectrl.llm.recipes import recipe
 from reflectrl.runlog import read_metrics
+from reflectrl.tasks.base import parse_options
 
 RUNS = {  # label: (algo, extra options) of one training run per round
     "grpo": ("grpo", {}),
@@ -103,15 +104,6 @@ def flags_to_options(flags: tuple[str, ...]) -> dict:
     return out
 
 
-def _value(text: str) -> object:
-    """A ``--config`` value: JSON when it parses (a list becomes a tuple), else the text."""
-    try:
-        v = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return tuple(v) if isinstance(v, list) else v
-
-
 def train_flags(task: str, prompts: int | None, group: int | None) -> tuple[str, ...]:
     """The recipe's train flags of ``task``, with ``--prompts-per-update`` and ``--group-size`` replaced where given."""
     flags = list(recipe(task).train)
@@ -155,7 +147,7 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, default=None)
     a = ap.parse_args()
     flags = () if a.no_recipe else train_flags(a.task, a.prompts_per_update, a.group_size)
-    common = {k: _value(v) for k, v in (c.split("=", 1) for c in a.config)}
+    common = {k: tuple(v) if isinstance(v, list) else v for k, v in parse_options(a.config).items()}  # task_options
     if a.no_recipe:
         common.update({k: v for k, v in (("prompts_per_update", a.prompts_per_update), ("group_size", a.group_size))
                        if v is not None})

@@ -67,6 +67,17 @@ def test_the_layer_holds_what_the_concatenating_layer_holds():
     assert torch.equal(grow.update(k, k)[1], cat.update(k, k)[1])
 
 
+def test_the_sampler_s_caches_are_growing_ones_unless_turned_off(tiny_policy):
+    prompts = [[5, 6, 7], [5, 6, 7], [8, 9]]  # a shared prompt's cache is copied to its rows
+    with torch.inference_mode():
+        grown = tiny_policy.prefill_shared(prompts)[3]
+        plain = tiny_policy.prefill_shared(prompts, append=False)[3]
+    assert grown.layers and all(isinstance(layer, GrowingLayer) for layer in grown.layers)
+    assert not any(isinstance(layer, GrowingLayer) for layer in plain.layers)
+    for a, b in zip(grown.layers, plain.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def test_a_cache_built_from_kept_keys_and_values_grows_in_place(tiny_policy):
     cfg = tiny_policy.config
     L = cfg.num_hidden_layers

@@ -266,13 +266,13 @@ class WorkerVectorEnv:
             return
         self._closed = True
         self._local_envs.close()
-        for conn, proc in zip(self.conns, self.procs):
+        for k, (conn, proc) in enumerate(zip(self.conns, self.procs)):
             try:
                 if proc.is_alive():
                     conn.send(("close", None))
                     if self.shared_signal:
                         self._seq += 1
-                        self._announce(self.procs.index(proc), _PIPE)
+                        self._announce(k, _PIPE)
                     if conn.poll(5.0):
                         conn.recv()
             except (EOFError, OSError, BrokenPipeError):

@@ -1,8 +1,8 @@
 """A KV cache that appends in place: what the sampler and the shared-prompt passes decode with.
 
 transformers' ``DynamicCache`` grows each layer's keys and values by ``torch.cat`` at every decoding step, which
-copies the whole cache ``[rows, kv_heads, width, head_dim]`` per layer and step: on a long multi-turn transcript that
-copy costs about what the step's attention does. :func:`new_cache` builds the same ``DynamicCache`` with each plain
+copies the whole cache ``[rows, kv_heads, width, head_dim]`` per layer and step: a copy as long as the transcript, at
+every step. :func:`new_cache` builds the same ``DynamicCache`` with each plain
 layer replaced by a :class:`GrowingLayer`, whose keys and values are views of a buffer with room at its end: a step
 writes its column into the room, and the buffer is copied only when it is full (its room doubles then) or rows are
 dropped. The views hold the same numbers as the concatenated tensors, so attention over them gives the same logits
@@ -30,6 +30,7 @@ try:
 except ImportError:  # transformers before cache layers (4.56): the plain cache
     DynamicLayer = object
     _LAYERS = False
+_TAKES_CONFIG = "config" in inspect.signature(DynamicCache.__init__).parameters
 
 
 class GrowingLayer(DynamicLayer):  # type: ignore[valid-type, misc]
@@ -109,16 +110,13 @@ class GrowingLayer(DynamicLayer):  # type: ignore[valid-type, misc]
         self._n = 0
 
 
-
-
 def new_cache(config: Any, past: list[tuple[Tensor, Tensor]] | None = None, append: bool = True) -> Any:
     """A ``DynamicCache`` for a model of ``config`` (holding ``past``, per layer keys and values, when given) whose
     plain layers append in place (:class:`GrowingLayer`; not ``append``: transformers' own)."""
-    takes_config = "config" in inspect.signature(DynamicCache.__init__).parameters
     if past is not None:
         cache = DynamicCache(ddp_cache_data=past, config=config)
     else:
-        cache = DynamicCache(config=config) if takes_config else DynamicCache()
+        cache = DynamicCache(config=config) if _TAKES_CONFIG else DynamicCache()
     layers = getattr(cache, "layers", None)
     if layers is None or not _LAYERS or not append:
         return cache

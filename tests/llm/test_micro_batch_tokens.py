@@ -30,7 +30,7 @@ def _grad(tiny_dir, tmp_path, batch, **kw):
     return t, torch.cat([p.grad.flatten() for p in t.policy.trainable_parameters()])
 
 
-@pytest.mark.parametrize("attention", ["padded", "causal"])
+@pytest.mark.parametrize("attention", ["padded", "causal", "shared-prompt"])
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
 def test_the_gradient_is_the_unsplit_minibatch(tiny_dir, tmp_path, attention, mode):
     batch = _batch(tiny_dir, tmp_path)

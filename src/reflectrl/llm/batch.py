@@ -300,9 +300,9 @@ def build_batch(rows: Sequence[RowResult], index: Sequence[int], problems: list[
     """Pad finished episodes into a :class:`TokenBatch`."""
     prompt_ids, prompt_mask = left_pad([r.prompt_ids for r in rows], pad_id)
     C = max((sum(len(s.ids) for s in r.segments) for r in rows), default=0)
-    resp, kind, turn, rew = [], [], [], []
+    resp, kind, turn = [], [], []
     for row in rows:
-        ids, k, tn, rw = [], [], [], []
+        ids, k, tn = [], [], []
         for seg in row.segments:
             n = len(seg.ids)
             if n == 0:
@@ -310,28 +310,43 @@ def build_batch(rows: Sequence[RowResult], index: Sequence[int], problems: list[
             ids += seg.ids
             k += [1 if seg.kind == "policy" else 2] * n
             tn += [seg.turn] * n
-            rw += [0.0] * (n - 1) + [seg.reward if seg.kind == "policy" else 0.0]
-        if row.token_rewards is not None:
-            rw = list(row.token_rewards) + [0.0] * (len(ids) - len(row.token_rewards))
         pad = C - len(ids)
         resp.append(ids + [pad_id] * pad)
         kind.append(k + [0] * pad)
         turn.append(tn + [-1] * pad)
-        rew.append(rw + [0.0] * pad)
     kinds = torch.tensor(kind, dtype=torch.int8).reshape(len(rows), C)
     extras = {ENGINE_LOGP: lp} if (lp := _engine_logp(rows, C)) is not None else {}
-    return TokenBatch(
+    batch = TokenBatch(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask,
         response_ids=torch.tensor(resp, dtype=torch.long).reshape(len(rows), C),
         completion_mask=kinds == 1, feedback_mask=kinds == 2,
         turn_ids=torch.tensor(turn, dtype=torch.long).reshape(len(rows), C),
-        token_rewards=torch.tensor(rew, dtype=torch.float32).reshape(len(rows), C),
-        index=torch.as_tensor(list(index), dtype=torch.long),
-        scores=torch.tensor([r.score for r in rows], dtype=torch.float32),
-        correct=torch.tensor([r.correct for r in rows], dtype=torch.bool),
-        truncated=torch.tensor([r.truncated for r in rows], dtype=torch.bool),
-        problems=list(problems), transcripts=[r.transcript for r in rows], infos=[list(r.infos) for r in rows],
-        extras=extras)
+        token_rewards=torch.zeros(len(rows), C), index=torch.as_tensor(list(index), dtype=torch.long),
+        scores=torch.zeros(len(rows)), correct=torch.zeros(len(rows), dtype=torch.bool),
+        truncated=torch.zeros(len(rows), dtype=torch.bool), problems=list(problems),
+        transcripts=[r.transcript for r in rows], infos=[], extras=extras)
+    fill_rewards(batch, rows)
+    return batch
+
+
+def fill_rewards(batch: TokenBatch, rows: Sequence[RowResult]) -> None:
+    """Set ``batch``'s reward fields (token rewards, scores, correct, truncated, infos) from ``rows``, the
+    episodes it was built from (:func:`build_batch`), whose rewards may have come in since."""
+    C = batch.response_ids.shape[1]
+    rew = []
+    for row in rows:
+        rw: list[float] = []
+        for seg in row.segments:
+            if n := len(seg.ids):
+                rw += [0.0] * (n - 1) + [seg.reward if seg.kind == "policy" else 0.0]
+        if row.token_rewards is not None:
+            rw = list(row.token_rewards) + [0.0] * (len(rw) - len(row.token_rewards))
+        rew.append(rw + [0.0] * (C - len(rw)))
+    batch.token_rewards = torch.tensor(rew, dtype=torch.float32).reshape(len(rows), C)
+    batch.scores = torch.tensor([r.score for r in rows], dtype=torch.float32)
+    batch.correct = torch.tensor([r.correct for r in rows], dtype=torch.bool)
+    batch.truncated = torch.tensor([r.truncated for r in rows], dtype=torch.bool)
+    batch.infos = [list(r.infos) for r in rows]
 
 
 def _engine_logp(rows: Sequence[RowResult], width: int) -> Tensor | None:
@@ -340,11 +355,10 @@ def _engine_logp(rows: Sequence[RowResult], width: int) -> Tensor | None:
     policy = [s for r in rows for s in r.segments if s.kind == "policy" and s.ids]
     if not policy or any(s.logp is None or len(s.logp) != len(s.ids) for s in policy):
         return None
-    out = torch.zeros(len(rows), width)
-    for i, row in enumerate(rows):
-        pos = 0
+    flat: list[list[float]] = []
+    for row in rows:
+        lp: list[float] = []
         for seg in row.segments:
-            if seg.kind == "policy" and seg.ids:
-                out[i, pos:pos + len(seg.ids)] = torch.tensor(seg.logp, dtype=torch.float32)
-            pos += len(seg.ids)
-    return out
+            lp += seg.logp if seg.kind == "policy" and seg.ids else [0.0] * len(seg.ids)  # type: ignore[operator]
+        flat.append(lp + [0.0] * (width - len(lp)))
+    return torch.tensor(flat, dtype=torch.float32).reshape(len(rows), width)

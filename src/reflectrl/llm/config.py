@@ -164,10 +164,11 @@ class GRPOConfig(RunOptions):
     """Greedy held-out accuracy every this many updates (0: never)."""
     eval_problems: int = 200
     """Held-out problems in that evaluation."""
-    attention: Literal["padded", "causal"] = "padded"
-    """The training forward's layout (and the old-log-prob, reference and teacher passes): padded (left-padded
-    prompts under an attention mask) or causal (each row's tokens moved to its start, right-padded, under the plain
-    causal kernel: the same log-probs up to float32 rounding; docs/llm.md, "The trainer")."""
+    attention: Literal["padded", "causal", "shared-prompt"] = "padded"
+    """The training forward's layout (and the old-log-prob, reference and teacher passes): padded (left-padded prompts
+    under an attention mask), causal (each row's tokens moved to its start, right-padded, under the plain causal kernel) or
+    shared-prompt (each distinct prompt of a micro-batch run once, forward and backward, and the responses on its
+    keys and values): the same log-probs up to float32 rounding (docs/llm.md, "The trainer")."""
     eval_split: Literal["heldout", "validation"] = "heldout"
     """The split of that evaluation: validation when its numbers choose anything (a recipe, a coefficient, when to
     stop), so that heldout problems give final numbers only."""

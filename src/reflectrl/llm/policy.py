@@ -54,10 +54,12 @@ class Policy(nn.Module):
         self.use_adapter_as_ref = use_adapter_as_ref
         self.source = source
         self._cache_kw = _cache_kwarg(model)
-        self.attention: Literal["padded", "causal"] = "padded"
-        """How :meth:`forward_batch` lays out a batch: ``padded`` (left-padded prompts under an attention mask) or
+        self.attention: Literal["padded", "causal", "shared-prompt"] = "padded"
+        """How :meth:`forward_batch` lays out a batch: ``padded`` (left-padded prompts under an attention mask),
         ``causal`` (each row's real tokens moved to its start, right-padded, under the plain causal kernel with no
-        mask: a real token never attends to a later pad, so the log-probs are the same up to float rounding)."""
+        mask: a real token never attends to a later pad) or ``shared-prompt`` (each distinct prompt run once, the
+        responses on its keys and values; :meth:`_on_shared_prompts`). The log-probs are the same up to float
+        rounding."""
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -146,6 +148,10 @@ class Policy(nn.Module):
         P, C = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
         if self.attention == "causal" and bool(batch.prompt_mask.any(1).all()):
             logits, hidden = self._causal_forward(batch, model, with_hidden)
+        elif self.attention == "shared-prompt" and bool(batch.prompt_mask.any(1).all()):
+            prompts = [ids[m].tolist() for ids, m in zip(batch.prompt_ids, batch.prompt_mask)]
+            logits, hidden = self._on_shared_prompts(prompts, batch.response_ids, batch.response_attention, model,
+                                                     with_hidden)
         else:
             ids, attn, pos = (t.to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
             out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
@@ -186,12 +192,14 @@ class Policy(nn.Module):
         h = out.hidden_states[-1][:, first:]
         return logits, h.gather(1, at[..., None].expand(R, C, h.shape[-1]))
 
-    def prefill_shared(self, prompts: Sequence[Sequence[int]], append: bool = True
-                       ) -> tuple[Tensor, Tensor, Tensor, Any]:
+    def prefill_shared(self, prompts: Sequence[Sequence[int]], append: bool = True, model: nn.Module | None = None,
+                       with_hidden: bool = False) -> tuple[Tensor, Tensor, Tensor, Any]:
         """Prefill a KV cache for ``prompts`` (left-padded), running each distinct prompt once and copying its cache
         to every row that repeats it (the G rows of a group); the cache appends in place unless not ``append``
         (:mod:`~reflectrl.llm.kv_cache`). Returns per row the last prompt position's logits
-        ``[R, V]`` (they predict the first new token), the prompt mask and positions ``[R, P]`` and the cache."""
+        ``[R, V]`` (they predict the first new token; with ``with_hidden``, ``(logits, last hidden state [R, H])``),
+        the prompt mask and positions ``[R, P]`` and the cache. Differentiable when called with gradients and not
+        ``append`` (the rows that share a prompt sum their gradients through the copy)."""
         from .batch import left_pad
         from .kv_cache import new_cache
 
@@ -202,27 +210,48 @@ class Policy(nn.Module):
         ids, mask = ids.to(dev), mask.long().to(dev)
         pos = (mask.cumsum(1) - 1).clamp_min(0)
         cache = new_cache(self.config, append=append)
-        logits = self.step_logits(ids, mask, pos, cache)
+        out = (self.model if model is None else model)(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+            output_hidden_states=with_hidden, **{self._cache_kw: cache})
+        logits: Any = out.logits[:, -1]
+        if with_hidden:
+            logits = (logits, out.hidden_states[-1][:, -1])
         if len(first) < len(prompts):
             cache.batch_select_indices(inverse)
-            logits, mask, pos = logits[inverse], mask[inverse], pos[inverse]
+            logits = tuple(x[inverse] for x in logits) if with_hidden else logits[inverse]
+            mask, pos = mask[inverse], pos[inverse]
         return logits, mask, pos, cache
+
+    def _on_shared_prompts(self, prompts: Sequence[Sequence[int]], response_ids: Tensor, response_attention: Tensor,
+                           model: nn.Module | None = None, with_hidden: bool = False
+                           ) -> tuple[Tensor, Tensor | None]:
+        """The logits ``[R, C, V]`` (float) that predict each response token of rows whose prompts repeat (the G rows
+        of a group), with the last hidden states ``[R, C, H]`` before them when asked: each distinct prompt runs
+        once (:meth:`prefill_shared`), then the responses run on its keys and values. With gradients, a prompt's
+        forward and backward run once for all the rows that share it."""
+        dev = self.device
+        head, mask, _, cache = self.prefill_shared(prompts, append=False, model=model, with_hidden=with_hidden)
+        resp = response_attention.to(dev).long()
+        attn = torch.cat([mask, resp], 1)
+        pos = mask.sum(1)[:, None] + (resp.cumsum(1) - 1).clamp_min(0)
+        out = (self.model if model is None else model)(
+            input_ids=response_ids.to(dev), attention_mask=attn, position_ids=pos, use_cache=True,
+            output_hidden_states=with_hidden, **{self._cache_kw: cache})
+        if not with_hidden:
+            return torch.cat([head[:, None], out.logits[:, :-1]], 1).float(), None
+        (head, h0) = head
+        return (torch.cat([head[:, None], out.logits[:, :-1]], 1).float(),
+                torch.cat([h0[:, None], out.hidden_states[-1][:, :-1]], 1))
 
     @torch.no_grad()
     def shared_prompt_logp(self, prompts: list[list[int]], response_ids: Tensor, response_attention: Tensor,
                            temperature: float = 1.0, with_logprobs: bool = False) -> tuple[Tensor, Tensor | None]:
-        """No-grad log-probs ``[R, C]`` of each row's response tokens after its prompt, where rows repeat prompts:
-        the prompts go through :meth:`prefill_shared`, then the responses run on its cache. The same numbers as
-        :meth:`forward_batch` on the concatenated rows, up to float rounding; with ``with_logprobs`` also the full
-        log-distributions ``[R, C, V]``."""
+        """No-grad log-probs ``[R, C]`` of each row's response tokens after its prompt, where rows repeat prompts
+        (:meth:`_on_shared_prompts`). The same numbers as :meth:`forward_batch` on the concatenated rows, up to float
+        rounding; with ``with_logprobs`` also the full log-distributions ``[R, C, V]``."""
         dev = self.device
-        head, mask, _, cache = self.prefill_shared(prompts)  # head predicts response token 0
+        logits, _ = self._on_shared_prompts(prompts, response_ids, response_attention)
         resp = response_attention.to(dev).long()
-        attn = torch.cat([mask, resp], 1)
-        pos = mask.sum(1)[:, None] + (resp.cumsum(1) - 1).clamp_min(0)
-        out = self.model(input_ids=response_ids.to(dev), attention_mask=attn, position_ids=pos, use_cache=True,
-                         **{self._cache_kw: cache})
-        logits = torch.cat([head[:, None], out.logits[:, :-1]], 1).float()
         if temperature != 1.0:
             logits = logits / temperature
         all_logp = torch.log_softmax(logits, -1)

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ConfigError, ReflectRLError
 from ..tasks.base import Problem, SingleTurnEnv, Task, batch_scorer, chat_prompt, stop_sequences
-from .batch import RowResult, Segment, TokenBatch, build_batch
+from .batch import RowResult, Segment, TokenBatch, build_batch, fill_rewards
 from .engines import GenerationEngine, engine_logprobs
 from .policy import Policy
 
@@ -215,10 +215,13 @@ class Rollout:
         index = [index_offset + i for i, g in enumerate(sizes) for _ in range(g)]
         return PendingRollout(self, rows, index, stats, last)
 
+    @staticmethod
+    def _row_results(rows: list[_Row]) -> list[RowResult]:
+        return [RowResult(r.prompt_ids, r.segments, None, r.score, r.correct, r.truncated, r.transcript, r.infos)
+                for r in rows]
+
     def _results(self, rows: list[_Row], index: list[int]) -> TokenBatch:
-        results = [RowResult(r.prompt_ids, r.segments, None, r.score, r.correct, r.truncated, r.transcript, r.infos)
-                   for r in rows]
-        return build_batch(results, index, [r.problem for r in rows], self.policy.pad_id)
+        return build_batch(self._row_results(rows), index, [r.problem for r in rows], self.policy.pad_id)
 
     def _budget(self, row: _Row) -> int:
         left = self.max_response_tokens - row.used
@@ -430,11 +433,8 @@ class PendingRollout:
             self._last = None
             ro._apply(pending, turn, ro._wait([p[-1] for p in pending], self.stats, timed=True))
         ro.compact_cache()
-        full = ro._results(self._rows, self._index)
         if self._batch is None:
-            self._batch = full
-        else:
-            b = self._batch
-            b.token_rewards, b.scores, b.correct, b.truncated = full.token_rewards, full.scores, full.correct, full.truncated
-            b.infos = full.infos
+            self._batch = ro._results(self._rows, self._index)
+        else:  # the tokens and masks are final: only the rewards came in
+            fill_rewards(self._batch, ro._row_results(self._rows))
         return self._batch, self.stats

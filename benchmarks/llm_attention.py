@@ -1,14 +1,16 @@
-"""The training forward in its two layouts: ``padded`` (left-padded prompts under an attention mask) against
-``causal`` (rows right-padded under the plain causal kernel, ``reflectrl llm train --attention causal``).
+"""The training forward in its three layouts: ``padded`` (left-padded prompts under an attention mask) against
+``causal`` (rows right-padded under the plain causal kernel, ``reflectrl llm train --attention causal``) and
+``shared-prompt`` (each distinct prompt run once, the responses on its keys and values, ``--attention shared-prompt``).
 
     python benchmarks/llm_attention.py --model DIR --task arith [--rows 64] [--reps 20] [--json-out F]
     python benchmarks/llm_attention.py --render F [F ...]
 
 One GRPO update of ``--algo`` (default grpo) on ``--task`` gives a real batch (its rollout's prompts, turns and
 padding); then a forward and backward of the policy's log-probs over that batch, as the update computes them,
-runs ``--reps`` times in each layout, alternating, in one process, timed by the process's CPU clock (all threads)
-so that other load on a shared machine does not skew the ratio. It reports the CPU seconds per pass of each
-layout, their ratio, and the largest log-prob difference between them. The last line of output is one JSON object.
+runs ``--reps`` times in each layout, in a rotating order, in one process, timed by the process's CPU clock (all
+threads) so that other load on a shared machine does not skew the ratio. It reports the CPU seconds per pass of each
+layout, each one's speedup over padded, and the largest log-prob difference from padded. The batch is the whole
+update's (a group's rows together), as one micro-batch. The last line of output is one JSON object.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         trainer.iteration()
         trainer.rollout.close()
     policy, batch = trainer.policy, trainer.last_batch.trimmed()
-    cpu: dict[str, list[float]] = {"padded": [], "causal": []}
+    layouts = ["padded", "causal", "shared-prompt"]
+    cpu: dict[str, list[float]] = {k: [] for k in layouts}
     logp: dict[str, Any] = {}
     for rep in range(a.reps + 1):
-        for layout in ("padded", "causal") if rep % 2 == 0 else ("causal", "padded"):
+        for layout in layouts[rep % 3:] + layouts[:rep % 3]:
             policy.attention = layout
             policy.zero_grad(set_to_none=True)
             c0 = time.process_time()
@@ -63,19 +66,30 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "padded_cpu_s": med["padded"], "causal_cpu_s": med["causal"],
             "speedup": med["padded"] / max(med["causal"], 1e-12),
             "max_logp_diff": float((logp["padded"] - logp["causal"])[mask].abs().max()),
+            "distinct_prompts": len({tuple(r[m].tolist()) for r, m in zip(batch.prompt_ids, batch.prompt_mask)}),
+            "shared_prompt_cpu_s": med["shared-prompt"],
+            "shared_prompt_speedup": med["padded"] / max(med["shared-prompt"], 1e-12),
+            "shared_prompt_max_logp_diff": float((logp["padded"] - logp["shared-prompt"])[mask].abs().max()),
             "command": " ".join(["python", "benchmarks/llm_attention.py", *sys.argv[1:]])}
 
 
 def render(paths: list[str]) -> str:
-    lines = ["| task | model | rows | prompt + response width | padding | padded CPU s | causal CPU s | speedup | "
-             "largest log-prob difference |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| task | model | rows (distinct prompts) | prompt + response width | padding | padded CPU s | "
+             "causal CPU s (speedup) | shared-prompt CPU s (speedup) | largest log-prob difference (causal, shared) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for p in paths:
         path = results_file(p)
         r = json.loads(path.read_text())
         model = "tiny (a warm-up)" if "/" in r["model"] else r["model"]
-        lines.append(f"| {r['task']} | {model} | {r['rows']} | {r['prompt_width']} + "
-                     f"{r['response_width']} | {100 * r['pad_share']:.0f}% | {r['padded_cpu_s']:.3f} | "
-                     f"{r['causal_cpu_s']:.3f} | {r['speedup']:.2f}x | {r['max_logp_diff']:.1e} |")
+        shared = "shared_prompt_cpu_s" in r  # results before the third layout have two
+        lines.append(f"| {r['task']} | {model} | {r['rows']}"
+                     + (f" ({r['distinct_prompts']})" if shared else "")
+                     + f" | {r['prompt_width']} + {r['response_width']} | {100 * r['pad_share']:.0f}% | "
+                     f"{r['padded_cpu_s']:.3f} | {r['causal_cpu_s']:.3f} ({r['speedup']:.2f}x) | "
+                     + (f"{r['shared_prompt_cpu_s']:.3f} ({r['shared_prompt_speedup']:.2f}x)" if shared
+                        else "not measured")
+                     + f" | {r['max_logp_diff']:.1e}"
+                     + (f", {r['shared_prompt_max_logp_diff']:.1e}" if shared else "") + " |")
     return "\n".join(lines)
 
 

@@ -15,8 +15,9 @@ CPU clock (``time.process_time``, all threads) so that other load on a shared ma
 skew the comparison (wall-clock figures are reported too). TRL is a
 benchmark-only dependency (``pip install trl``). ``--engines`` also times the two generation
 engines of reflectrl alone. ``--engine-logp`` adds a third trainer to every round: reflectrl with ``--old-logp
-engine`` (the sampler's log-probs as the old ones, no no-grad pass before the update). The last line of output is
-one JSON object.
+engine`` (the sampler's log-probs as the old ones, no no-grad pass before the update); ``--shared-prompt`` one more:
+reflectrl with ``--old-logp engine --attention shared-prompt`` (each distinct prompt of a micro-batch run once in the
+update, forward and backward). The last line of output is one JSON object.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def worker_reflectrl(a) -> dict:
                           minibatches=a.minibatches, lora_r=a.lora_r, task_options=tuple(a.set),
                           temperature=a.temperature, loss_agg_mode="seq-mean-token-mean", clip_low=0.2, kl_coef=0.0,
                           threads=a.threads, progress=False, tensorboard=False, save_interval=0,
-                          sample_interval=0, export_model=False, seed=a.seed, old_logp=a.old_logp)
+                          sample_interval=0, export_model=False, seed=a.seed, old_logp=a.old_logp,
+                          attention=a.attention)
     trainer = GRPO(cfg)
     tokens, seconds, cpu = 0, 0.0, 0.0
     for i in range(a.warmup + a.steps):
@@ -149,15 +151,16 @@ def worker_engines(a) -> dict:
     return {f"{k}_tokens_per_s": max(v) for k, v in out.items()}
 
 
-ARMS = {"reflectrl": ("reflectrl", "recompute"), "reflectrl_engine_logp": ("reflectrl", "engine"), "trl": ("trl", None),
-        "engines": ("engines", None)}
-"""Per arm: its worker and, for reflectrl's, its --old-logp."""
+ARMS = {"reflectrl": ("reflectrl", "recompute", "padded"), "reflectrl_engine_logp": ("reflectrl", "engine", "padded"),
+        "reflectrl_shared_prompt": ("reflectrl", "engine", "shared-prompt"), "trl": ("trl", None, None),
+        "engines": ("engines", None, None)}
+"""Per arm: its worker and, for reflectrl's, its --old-logp and --attention."""
 
 
 def spawn(arm: str, a, tmp: str) -> dict:
-    kind, old_logp = ARMS[arm]
+    kind, old_logp, attention = ARMS[arm]
     argv = [sys.executable, __file__, "--worker", kind, "--model", a.model, "--tmp", tmp]
-    argv += ["--old-logp", old_logp] if old_logp else []
+    argv += ["--old-logp", old_logp, "--attention", attention] if old_logp and attention else []
     for k in ("rows", "group_size", "max_new_tokens", "steps", "warmup", "threads", "seed", "minibatches", "lora_r",
               "temperature"):
         argv += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
@@ -194,7 +197,10 @@ def main() -> None:
     ap.add_argument("--engines", action="store_true", help="also time reflectrl's two generation engines")
     ap.add_argument("--engine-logp", action="store_true",
                     help="also time reflectrl with --old-logp engine in every round (after reflectrl, before TRL)")
+    ap.add_argument("--shared-prompt", action="store_true",
+                    help="also time reflectrl with --old-logp engine --attention shared-prompt in every round")
     ap.add_argument("--old-logp", default="recompute", choices=["recompute", "engine"], help=argparse.SUPPRESS)
+    ap.add_argument("--attention", default="padded", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="write the result JSON here too")
     ap.add_argument("--json-out", default=None, help="and to this file (e.g. benchmarks/results/NAME.json)")
     a = ap.parse_args()
@@ -215,7 +221,8 @@ def main() -> None:
                                     batch_size=64, learning_rate=3e-3, progress=False))
                 a.model = str(Path(tmp) / "sft")
                 model_desc += f" + {a.sft_steps} supervised steps on arith"
-        arms = ["reflectrl", *(["reflectrl_engine_logp"] if a.engine_logp else []), "trl"]
+        arms = ["reflectrl", *(["reflectrl_engine_logp"] if a.engine_logp else []),
+                *(["reflectrl_shared_prompt"] if a.shared_prompt else []), "trl"]
         runs: dict[str, list[float]] = {k: [] for k in arms}
         wall: dict[str, list[float]] = {k: [] for k in arms}
         for r in range(a.rounds):
@@ -243,6 +250,10 @@ def main() -> None:
     if a.engine_logp:
         mine = statistics.median(runs["reflectrl_engine_logp"])
         result.update({"reflectrl_engine_logp_tokens_per_s": round(mine, 1), "ratio_engine_logp": round(mine / theirs, 3)})
+    if a.shared_prompt:
+        mine = statistics.median(runs["reflectrl_shared_prompt"])
+        result.update({"reflectrl_shared_prompt_tokens_per_s": round(mine, 1),
+                       "ratio_shared_prompt": round(mine / theirs, 3)})
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "result.json").write_text(json.dumps(result, indent=2))

@@ -132,9 +132,14 @@ def throughput_table(name: str = "llm_throughput.json") -> str:
         f"| reflectrl | {r['reflectrl_tokens_per_s']:.0f} | {rounds('reflectrl')} |",
         *([f"| reflectrl, `--old-logp engine` | {r['reflectrl_engine_logp_tokens_per_s']:.0f} | "
            f"{rounds('reflectrl_engine_logp')} |"] if "ratio_engine_logp" in r else []),
+        *([f"| reflectrl, `--old-logp engine --attention shared-prompt` | "
+           f"{r['reflectrl_shared_prompt_tokens_per_s']:.0f} | {rounds('reflectrl_shared_prompt')} |"]
+          if "ratio_shared_prompt" in r else []),
         f"| TRL {r['trl_version']} `GRPOTrainer` | {r['trl_tokens_per_s']:.0f} | {rounds('trl')} |",
         "", f"Ratio: **{r['ratio']:.2f}x**"
             + (f", with `--old-logp engine` **{r['ratio_engine_logp']:.2f}x**" if "ratio_engine_logp" in r else "")
+            + (f", with `--attention shared-prompt` too **{r['ratio_shared_prompt']:.2f}x**"
+               if "ratio_shared_prompt" in r else "")
             + f" ({r['clock']}; wall clock: "
             f"{r['wall_tokens_per_s']['reflectrl'] / r['wall_tokens_per_s']['trl']:.2f}x). Setting: {r['model']}, "
             f"task {r['task']}, {r['rows_per_step']} rows per step (groups of {r['group_size']}), "

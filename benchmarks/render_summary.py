@@ -164,6 +164,9 @@ def main() -> None:
         thr_real = load("llm_throughput_real.json")
         if thr_real:
             s += f", at {thr_real['ratio']:.1f}x TRL's tokens per second"
+            if "ratio_shared_prompt" in thr_real:
+                s += (f" ({thr_real['ratio_shared_prompt']:.1f}x with `--old-logp engine --attention shared-prompt`, "
+                      "each group's prompt run once in the update)")
         out.append(s)
     waits = [json.loads(p.read_text()).get("reward_wait_fraction") for p in sorted(RES.glob("llm_learn_codegen_s*.json"))]
     waits = [w for w in waits if w is not None]

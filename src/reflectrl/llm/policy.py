@@ -148,7 +148,7 @@ class Policy(nn.Module):
         P, C = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
         if self.attention == "causal" and bool(batch.prompt_mask.any(1).all()):
             logits, hidden = self._causal_forward(batch, model, with_hidden)
-        elif self.attention == "shared-prompt" and bool(batch.prompt_mask.any(1).all()):
+        elif self.attention == "shared-prompt" and C > 0 and bool(batch.prompt_mask.any(1).all()):
             prompts = [ids[m].tolist() for ids, m in zip(batch.prompt_ids, batch.prompt_mask)]
             logits, hidden = self._on_shared_prompts(prompts, batch.response_ids, batch.response_attention, model,
                                                      with_hidden)

@@ -30,6 +30,16 @@ def _both(policy, batch, **kw):
     return want, got
 
 
+def assert_same_outputs(got, want, resp) -> None:
+    """Log-probs, entropies, hidden states and distributions within float32 rounding on the real response tokens
+    ``resp``; log-probs 0 off them."""
+    torch.testing.assert_close(got.logp, want.logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.entropy, want.entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.hidden[resp], want.hidden[resp], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.logprobs[resp], want.logprobs[resp], rtol=1e-5, atol=1e-5)
+    assert (got.logp[~resp] == 0).all()
+
+
 @pytest.fixture()
 def policy(tiny_dir):
     return load_policy(tiny_dir)
@@ -42,11 +52,7 @@ def test_uneven_prompts_and_multi_turn_rows_give_the_padded_numbers(policy):
     want, got = _both(policy, batch, with_entropy=True, with_hidden=True, with_logprobs=True)
     resp = batch.response_attention
     assert resp.sum() > 0 and not torch.equal(batch.prompt_mask.sum(1), batch.prompt_mask.sum(1)[:1].expand(3))
-    torch.testing.assert_close(got.logp, want.logp, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.entropy, want.entropy, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.hidden[resp], want.hidden[resp], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.logprobs[resp], want.logprobs[resp], rtol=1e-5, atol=1e-5)
-    assert (got.logp[~resp] == 0).all()
+    assert_same_outputs(got, want, resp)
 
 
 def test_the_gradient_is_the_padded_one(policy):

@@ -7,17 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reflectrl.llm.batch import RowResult, Segment, build_batch
 from reflectrl.llm.policy import load_policy
 
-PAD = 0
-
-
-def _batch(prompts: list[list[int]], responses: list[list[tuple[list[int], str]]]):
-    rows = [RowResult(p, [Segment(t, kind, i, 0.0) if kind == "policy" else Segment(t, kind, i)
-                          for i, (t, kind) in enumerate(r)], None, 0.0, False, False, [])
-            for p, r in zip(prompts, responses)]
-    return build_batch(rows, list(range(len(rows))), [], PAD)
+from .test_causal_layout import _batch, assert_same_outputs
 
 
 def _forward(policy, batch, layout, **kw):
@@ -45,11 +37,7 @@ def test_repeated_prompts_and_multi_turn_rows_give_the_padded_numbers(policy):
     want, got = _forward(policy, batch, "padded", **kw), _forward(policy, batch, "shared-prompt", **kw)
     resp = batch.response_attention
     assert resp.sum() > 0 and got.logp.shape == want.logp.shape
-    torch.testing.assert_close(got.logp, want.logp, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.entropy, want.entropy, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.hidden[resp], want.hidden[resp], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.logprobs[resp], want.logprobs[resp], rtol=1e-5, atol=1e-5)
-    assert (got.logp[~resp] == 0).all()
+    assert_same_outputs(got, want, resp)
 
 
 def test_the_gradient_is_the_padded_one(policy):

@@ -104,3 +104,28 @@ def test_the_sampler_log_probs_are_the_trainers_on_the_real_model(model_dir, tmp
     assert int(batch.turn_ids.max()) >= 1 and int(m.sum()) > 8
     torch.testing.assert_close(batch.extras[ENGINE_LOGP][m], ref[:, :batch.steps][m], rtol=0, atol=2e-4)
     trainer.rollout.close()
+
+
+def test_the_shared_prompt_layout_on_the_real_model(model_dir, tmp_path):
+    """--attention shared-prompt on the real model with LoRA and its chat prompts (a group's rows share one): the
+    log-probs and the adapter's gradient equal the padded layout's within float32 rounding (of the gradient's scale)."""
+    trainer = GRPO(small(tmp_path, "sp", updates=1, group_size=3, export_model=False))
+    problems, group, offset, gen = trainer.draw_problems()
+    batch, _ = trainer.rollout.run(problems, group, gen, index_offset=offset)
+    pol = trainer.policy
+    assert batch.rows > len({tuple(r.tolist()) for r in batch.prompt_ids}) and int(batch.completion_mask.sum()) > 4
+    outs = []
+    for layout in ("padded", "shared-prompt"):
+        pol.attention = layout
+        pol.zero_grad(set_to_none=True)
+        logp = pol.forward_batch(batch).logp
+        logp.sum().backward()
+        outs.append((logp.detach(), torch.cat([p.grad.flatten() for p in pol.trainable_parameters()])))
+    pol.attention = "padded"
+    (lp_a, g_a), (lp_b, g_b) = outs
+    torch.testing.assert_close(lp_b, lp_a, rtol=0, atol=2e-4)
+    assert g_a.abs().sum() > 0
+    # float32 sums over 30 layers, in another order (a shared prompt's gradient is summed over its rows at once)
+    assert float((g_b - g_a).norm() / g_a.norm()) < 1e-3
+    torch.testing.assert_close(g_b, g_a, rtol=0, atol=1e-4 * float(g_a.abs().max()))
+    trainer.rollout.close()

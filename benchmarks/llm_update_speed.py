@@ -16,7 +16,11 @@ train flags (and task options), a fresh trainer per arm, the arms in turn:
 - **engine log-probs**: the defaults and ``--old-logp engine`` (the sampler's log-probs as the old ones, no pass);
 - **engine log-probs, causal layout**: and ``--attention causal`` (the training forward without a padding mask);
 - **... length-packed micro-batches**: and ``--micro-batch-tokens 4096`` (each minibatch's rows sorted by length and
-  packed into micro-batches of at most 4096 padded tokens).
+  packed into micro-batches of at most 4096 padded tokens);
+- **engine log-probs, shared prompt**: the defaults, ``--old-logp engine`` and ``--attention shared-prompt`` (each
+  distinct prompt of a micro-batch run once in the update's forward and backward).
+
+``--arms`` times a subset (with before).
 
 Per arm: process CPU seconds per update (``time.process_time``, all threads of this process; the median over rounds
 of the mean over the updates after ``--skip``), the phases' wall seconds per update from the run's ``time/*`` fields,
@@ -43,7 +47,8 @@ ARMS = {"before": ["--engine-options", "reuse_cache=false", "append_cache=false"
         "engine log-probs": ["--old-logp", "engine"],
         "engine log-probs, causal layout": ["--old-logp", "engine", "--attention", "causal"],
         "engine log-probs, causal layout, length-packed micro-batches": [
-            "--old-logp", "engine", "--attention", "causal", "--micro-batch-tokens", "4096"]}
+            "--old-logp", "engine", "--attention", "causal", "--micro-batch-tokens", "4096"],
+        "engine log-probs, shared prompt": ["--old-logp", "engine", "--attention", "shared-prompt"]}
 PHASES = ("generate", "prefill", "reward_wait", "prepare", "update")
 
 
@@ -93,9 +98,10 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     model = warmed_up(a.task, Path(a.out))
-    per: dict[str, list[dict[str, Any]]] = {k: [] for k in ARMS}
+    arms = {k: v for k, v in ARMS.items() if k == "before" or not a.arms or k in a.arms}
+    per: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
     for rnd in range(a.rounds):
-        for arm, flags in ARMS.items():
+        for arm, flags in arms.items():
             res = one_arm(a.task, model, Path(a.out) / a.task / "runs" / f"{arm.replace(' ', '_')}_{rnd}", flags,
                           a.updates, a.skip)
             per[arm].append(res)
@@ -145,6 +151,8 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=6, help="updates per arm and round")
     ap.add_argument("--skip", type=int, default=1, help="updates left out of the CPU mean (start-up)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), metavar="ARM",
+                    help="time only these arms (and before, which every speedup is over); default: every arm")
     resultio.main(ap, measure, render, needs="task")
 
 

@@ -192,14 +192,20 @@ class Policy(nn.Module):
         h = out.hidden_states[-1][:, first:]
         return logits, h.gather(1, at[..., None].expand(R, C, h.shape[-1]))
 
-    def prefill_shared(self, prompts: Sequence[Sequence[int]], append: bool = True, model: nn.Module | None = None,
-                       with_hidden: bool = False) -> tuple[Tensor, Tensor, Tensor, Any]:
+    def prefill_shared(self, prompts: Sequence[Sequence[int]], append: bool = True
+                       ) -> tuple[Tensor, Tensor, Tensor, Any]:
         """Prefill a KV cache for ``prompts`` (left-padded), running each distinct prompt once and copying its cache
         to every row that repeats it (the G rows of a group); the cache appends in place unless not ``append``
         (:mod:`~reflectrl.llm.kv_cache`). Returns per row the last prompt position's logits
-        ``[R, V]`` (they predict the first new token; with ``with_hidden``, ``(logits, last hidden state [R, H])``),
-        the prompt mask and positions ``[R, P]`` and the cache. Differentiable when called with gradients and not
-        ``append`` (the rows that share a prompt sum their gradients through the copy)."""
+        ``[R, V]`` (they predict the first new token), the prompt mask and positions ``[R, P]`` and the cache."""
+        logits, _, mask, pos, cache = self._prefill(prompts, append)
+        return logits, mask, pos, cache
+
+    def _prefill(self, prompts: Sequence[Sequence[int]], append: bool, model: nn.Module | None = None,
+                 with_hidden: bool = False) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Any]:
+        """:meth:`prefill_shared` with ``model`` (default: the policy's) and, ``with_hidden``, the last prompt
+        position's hidden state ``[R, H]`` after the logits. Differentiable when called with gradients and not
+        ``append``: the rows that share a prompt sum their gradients through the copy."""
         from .batch import left_pad
         from .kv_cache import new_cache
 
@@ -213,14 +219,12 @@ class Policy(nn.Module):
         out = (self.model if model is None else model)(
             input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
             output_hidden_states=with_hidden, **{self._cache_kw: cache})
-        logits: Any = out.logits[:, -1]
-        if with_hidden:
-            logits = (logits, out.hidden_states[-1][:, -1])
+        logits, hidden = out.logits[:, -1], out.hidden_states[-1][:, -1] if with_hidden else None
         if len(first) < len(prompts):
             cache.batch_select_indices(inverse)
-            logits = tuple(x[inverse] for x in logits) if with_hidden else logits[inverse]
-            mask, pos = mask[inverse], pos[inverse]
-        return logits, mask, pos, cache
+            logits, mask, pos = logits[inverse], mask[inverse], pos[inverse]
+            hidden = hidden[inverse] if hidden is not None else None
+        return logits, hidden, mask, pos, cache
 
     def _on_shared_prompts(self, prompts: Sequence[Sequence[int]], response_ids: Tensor, response_attention: Tensor,
                            model: nn.Module | None = None, with_hidden: bool = False
@@ -230,18 +234,17 @@ class Policy(nn.Module):
         once (:meth:`prefill_shared`), then the responses run on its keys and values. With gradients, a prompt's
         forward and backward run once for all the rows that share it."""
         dev = self.device
-        head, mask, _, cache = self.prefill_shared(prompts, append=False, model=model, with_hidden=with_hidden)
+        head, h0, mask, _, cache = self._prefill(prompts, False, model, with_hidden)
         resp = response_attention.to(dev).long()
         attn = torch.cat([mask, resp], 1)
         pos = mask.sum(1)[:, None] + (resp.cumsum(1) - 1).clamp_min(0)
         out = (self.model if model is None else model)(
             input_ids=response_ids.to(dev), attention_mask=attn, position_ids=pos, use_cache=True,
             output_hidden_states=with_hidden, **{self._cache_kw: cache})
-        if not with_hidden:
-            return torch.cat([head[:, None], out.logits[:, :-1]], 1).float(), None
-        (head, h0) = head
-        return (torch.cat([head[:, None], out.logits[:, :-1]], 1).float(),
-                torch.cat([h0[:, None], out.hidden_states[-1][:, :-1]], 1))
+        logits = torch.cat([head[:, None], out.logits[:, :-1]], 1).float()
+        if h0 is None:
+            return logits, None
+        return logits, torch.cat([h0[:, None], out.hidden_states[-1][:, :-1]], 1)
 
     @torch.no_grad()
     def shared_prompt_logp(self, prompts: list[list[int]], response_ids: Tensor, response_attention: Tensor,

@@ -359,6 +359,6 @@ def _engine_logp(rows: Sequence[RowResult], width: int) -> Tensor | None:
     for row in rows:
         lp: list[float] = []
         for seg in row.segments:
-            lp += seg.logp if seg.kind == "policy" and seg.ids else [0.0] * len(seg.ids)  # type: ignore[operator]
+            lp += (seg.logp or []) if seg.kind == "policy" and seg.ids else [0.0] * len(seg.ids)
         flat.append(lp + [0.0] * (width - len(lp)))
     return torch.tensor(flat, dtype=torch.float32).reshape(len(rows), width)

@@ -204,28 +204,25 @@ class ExGRPO(GRPOHook):
         for r in fresh.nonzero().squeeze(1).tolist():
             groups.setdefault(batch.problems[r].id, []).append(r)
         old = batch.old_logp
-        solved = {q: round(sum(bool(batch.correct[r]) for r in rows) * K / len(rows)) for q, rows in groups.items()}
-        keep = [r for q, rows in groups.items() if 0 < solved[q] < K for r in rows if bool(batch.correct[r])]
-        records = dict(zip(keep, batch.to_records(keep)))  # only the rows stored below become records
+        todo: list[tuple[str, int, list[int]]] = []  # (question, its solved count of K, its correct rows)
         for q, rows in groups.items():
-            k = solved[q]
-            if k >= K:
-                if self.o.exgrpo_retire:
-                    self.retired.add(q)
+            k = round(sum(bool(batch.correct[r]) for r in rows) * K / len(rows))
+            if k >= K and self.o.exgrpo_retire:
+                self.retired.add(q)
+            if k >= K or k <= 0:  # solved by every sample, or by none: nothing of it is kept
                 self.buffer.pop(q, None)
                 self.count.pop(q, None)
-                continue
-            if k <= 0:
-                self.buffer.pop(q, None)
-                self.count.pop(q, None)
-                continue
+            else:
+                todo.append((q, k, [r for r in rows if bool(batch.correct[r])]))
+        stored = [r for _, _, rows in todo for r in rows]
+        records = dict(zip(stored, batch.to_records(stored)))  # only the rows the buffer keeps become records
+        for q, k, rows in todo:
             kept = {tuple(x["response_ids"]): x for x in self.buffer.get(q, [])}
             for r in rows:
-                if bool(batch.correct[r]):
-                    rec = records[r]
-                    n = len(rec["response_ids"])
-                    rec["logp"] = (old[r, :n] if old is not None else torch.zeros(n)).tolist()
-                    kept.setdefault(tuple(rec["response_ids"]), rec)
+                rec = records[r]
+                n = len(rec["response_ids"])
+                rec["logp"] = (old[r, :n] if old is not None else torch.zeros(n)).tolist()
+                kept.setdefault(tuple(rec["response_ids"]), rec)
             self.buffer[q], self.count[q] = list(kept.values()), k
         hist = self.buckets()
         self._metrics.update({"exgrpo/buffer_questions": float(len(self.buffer)),

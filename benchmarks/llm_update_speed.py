@@ -18,7 +18,9 @@ train flags (and task options), a fresh trainer per arm, the arms in turn:
 - **... length-packed micro-batches**: and ``--micro-batch-tokens 4096`` (each minibatch's rows sorted by length and
   packed into micro-batches of at most 4096 padded tokens);
 - **engine log-probs, shared prompt**: the defaults, ``--old-logp engine`` and ``--attention shared-prompt`` (each
-  distinct prompt of a micro-batch run once in the update's forward and backward).
+  distinct prompt of a micro-batch run once in the update's forward and backward);
+- **... packed groups**: and ``--micro-batch-tokens 4096`` (a prompt's rows kept together, micro-batches of at most
+  4096 tokens as the shared-prompt layout computes them).
 
 ``--arms`` times a subset (with before).
 
@@ -48,7 +50,9 @@ ARMS = {"before": ["--engine-options", "reuse_cache=false", "append_cache=false"
         "engine log-probs, causal layout": ["--old-logp", "engine", "--attention", "causal"],
         "engine log-probs, causal layout, length-packed micro-batches": [
             "--old-logp", "engine", "--attention", "causal", "--micro-batch-tokens", "4096"],
-        "engine log-probs, shared prompt": ["--old-logp", "engine", "--attention", "shared-prompt"]}
+        "engine log-probs, shared prompt": ["--old-logp", "engine", "--attention", "shared-prompt"],
+        "engine log-probs, shared prompt, packed groups": ["--old-logp", "engine", "--attention", "shared-prompt",
+                                                           "--micro-batch-tokens", "4096"]}
 PHASES = ("generate", "prefill", "reward_wait", "prepare", "update")
 
 

@@ -1,6 +1,7 @@
-"""``--micro-batch-tokens N``: a minibatch's rows sorted by length and packed into micro-batches of at most N padded
-tokens. The gradient equals the unsplit minibatch's within float rounding (both layouts, each loss aggregation), every
-row is in exactly one micro-batch, and a micro-batch exceeds N only when it is one row."""
+"""``--micro-batch-tokens N``: a minibatch's rows packed into micro-batches of at most N tokens as the layout computes
+them (sorted by length; under the shared-prompt layout a prompt's rows kept together). The gradient equals the unsplit
+minibatch's within float rounding (every layout, each loss aggregation), every row is in exactly one micro-batch, and a
+micro-batch exceeds N only when it is one row."""
 
 import pytest
 import torch
@@ -62,6 +63,36 @@ def test_the_packing(tiny_dir, tmp_path):
             width = int((mb.prompt_mask.sum(1) + mb.last_real_response() + 1).max()) if attention == "causal" else \
                 mb.prompt_ids.shape[1] + mb.steps
             assert s.numel() == 1 or s.numel() * width <= 60
+
+
+def test_the_shared_prompt_packing(tiny_dir, tmp_path):
+    """Under the shared-prompt layout a micro-batch costs its distinct prompts times the longest prompt plus its rows
+    times the longest response: a prompt's rows are consecutive (split only where the cap falls inside them), and every
+    micro-batch of more than one row costs at most N."""
+    batch = _batch(tiny_dir, tmp_path)
+    keys = [tuple(ids[m].tolist()) for ids, m in zip(batch.prompt_ids, batch.prompt_mask.bool())]
+    response = batch.last_real_response() + 1
+    for cap in (30, 60, 120):
+        t = GRPO(cfg(tiny_dir, tmp_path, "s", task="toy-guess", micro_batch_tokens=cap, attention="shared-prompt"))
+        splits = t._micro_splits(batch)
+        t.rollout.close()
+        order = torch.cat(splits).tolist()
+        assert sorted(order) == list(range(batch.rows))
+        runs = [keys[r] for i, r in enumerate(order) if i == 0 or keys[r] != keys[order[i - 1]]]
+        assert len(runs) == len(set(keys))  # each prompt's rows in one run
+        for s in splits:
+            prompts = {keys[r] for r in s.tolist()}
+            cost = len(prompts) * max(map(len, prompts)) + s.numel() * int(response[s].max())
+            assert s.numel() == 1 or cost <= cap
+    # a cap that holds every row at the shared cost but not at the padded one: one micro-batch against several
+    whole = len(set(keys)) * max(map(len, keys)) + batch.rows * int(response.max())
+    shared = GRPO(cfg(tiny_dir, tmp_path, "w", task="toy-guess", micro_batch_tokens=whole, attention="shared-prompt"))
+    padded = GRPO(cfg(tiny_dir, tmp_path, "q", task="toy-guess", micro_batch_tokens=whole))
+    assert len(shared._micro_splits(batch)) == 1 < len(padded._micro_splits(batch))
+    order = torch.cat(padded._micro_splits(batch)).tolist()  # sorting by length alone splits a prompt's rows
+    assert sum(i == 0 or keys[r] != keys[order[i - 1]] for i, r in enumerate(order)) > len(set(keys))
+    shared.rollout.close()
+    padded.rollout.close()
 
 
 def test_it_replaces_grad_accum(tiny_dir, tmp_path):

@@ -121,8 +121,9 @@ class GRPOConfig(RunOptions):
     micro_batch_tokens: int = 0
     """0: each minibatch is split into --grad-accum micro-batches of equal row counts. N > 0: its rows, sorted by
     length, are packed into micro-batches of at most N padded tokens each (at least one row each), so that rows of
-    like length share a micro-batch and little padding is computed; the loss is the whole minibatch's either way
-    (equal within float rounding). Replaces --grad-accum."""
+    like length share a micro-batch and little padding is computed (under --attention shared-prompt a prompt's rows
+    stay together, and a micro-batch costs its distinct prompts' tokens plus its responses'); the loss is the whole
+    minibatch's either way (equal within float rounding). Replaces --grad-accum."""
     dedupe: bool = True
     """Run the training forward once per distinct row of a group (identical samples: same loss and
     gradient), weighting it by its multiplicity; exact, and faster when the policy is peaked."""

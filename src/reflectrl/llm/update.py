@@ -45,6 +45,16 @@ def tis_weights(trainer_logp: Tensor, engine_logp: Tensor, mask: Tensor, cap: fl
                "rollout/tis_capped_frac": float(masked_mean(capped, m)), "rollout/tis_weight_mean": float(masked_mean(w, m))}
 
 
+def _packed_cost(layout: str, prompts: int, rows: int, p_max: int, r_max: int, t_max: int) -> int:
+    """The tokens a micro-batch of ``rows`` rows (``prompts`` distinct prompts) computes under ``layout``, its longest
+    prompt, response and row being ``p_max``, ``r_max`` and ``t_max`` tokens."""
+    if layout == "causal":
+        return rows * t_max
+    if layout == "shared-prompt":
+        return prompts * p_max + rows * r_max
+    return rows * (p_max + r_max)
+
+
 @dataclass
 class _Micro:
     """What every term of a micro-batch's loss shares: the device, the policy-token mask, the old log-probs, the
@@ -193,24 +203,40 @@ class PolicyUpdate:
 
     def _micro_splits(self, mb: TokenBatch | None) -> list[Tensor]:
         """The rows of each micro-batch of ``mb``: ``grad_accum`` equal splits, or (``micro_batch_tokens`` N) the
-        rows sorted by length and packed in that order into micro-batches of at most N padded tokens (the layout's:
-        the longest prompt plus the longest response, or the longest row under the causal layout)."""
+        rows packed in order into micro-batches of at most N tokens as the layout computes them. Padded and causal
+        layouts: rows sorted by length, a micro-batch costing its rows times the longest prompt plus the longest
+        response (the longest row under the causal layout). Shared-prompt layout: the rows of a prompt kept together
+        (prompts in order of their longest row), a micro-batch costing its distinct prompts times the longest prompt
+        plus its rows times the longest response."""
         cap = self.cfg.micro_batch_tokens
         if mb is None or not cap:
             return list(torch.tensor_split(torch.arange(mb.rows if mb is not None else 0), self.cfg.grad_accum))
         prompt = mb.prompt_mask.sum(1)
         response = mb.last_real_response() + 1
-        causal = self.cfg.attention == "causal"
+        layout = self.cfg.attention
+        if layout == "shared-prompt":
+            keys = [tuple(ids[m].tolist()) for ids, m in zip(mb.prompt_ids, mb.prompt_mask.bool())]
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for r in torch.argsort(response, stable=True).tolist():
+                groups.setdefault(keys[r], []).append(r)
+            order = [r for g in sorted(groups.values(), key=lambda g: int(prompt[g[0]] + response[g[-1]])) for r in g]
+        else:
+            keys, order = [], torch.argsort(prompt + response, stable=True).tolist()
         out: list[Tensor] = []
         cur: list[int] = []
+        seen: set[tuple[int, ...]] = set()
         p_max = r_max = t_max = 0
-        for r in torch.argsort(prompt + response, stable=True).tolist():
+        for r in order:
             p, q = int(prompt[r]), int(response[r])
             np_, nr, nt = max(p_max, p), max(r_max, q), max(t_max, p + q)
-            if cur and (len(cur) + 1) * (nt if causal else np_ + nr) > cap:
+            n_prompts = len(seen) + (keys[r] not in seen) if keys else 0
+            if cur and _packed_cost(layout, n_prompts, len(cur) + 1, np_, nr, nt) > cap:
                 out.append(torch.tensor(cur))
                 cur, np_, nr, nt = [], p, q, p + q
+                seen.clear()
             cur.append(r)
+            if keys:
+                seen.add(keys[r])
             p_max, r_max, t_max = np_, nr, nt
         return [*out, torch.tensor(cur)] if cur else out
 

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from reflectrl.algos import get_algo
+from reflectrl.cli.util import config_from_flags
 from reflectrl.llm.recipes import recipe
 from reflectrl.runlog import read_metrics
 from reflectrl.tasks.base import parse_options
@@ -95,15 +96,6 @@ METHODS = {  # row label: (run, baseline run, bar; None: a decomposition row wit
 }
 
 
-def flags_to_options(flags: tuple[str, ...]) -> dict:
-    """The recipe's ``--name value`` flags as config fields."""
-    out = {}
-    for name, value in zip(flags[::2], flags[1::2]):
-        key = name.lstrip("-").replace("-", "_")
-        out[key] = float(value) if "." in value or "e" in value else int(value)
-    return out
-
-
 def train_flags(task: str, prompts: int | None, group: int | None) -> tuple[str, ...]:
     """The recipe's train flags of ``task``, with ``--prompts-per-update`` and ``--group-size`` replaced where given."""
     flags = list(recipe(task).train)
@@ -117,8 +109,9 @@ def train_flags(task: str, prompts: int | None, group: int | None) -> tuple[str,
 def run(algo: str, model: str, task: str, updates: int, seed: int, extra: dict, flags: tuple[str, ...]) -> dict:
     a = get_algo("llm", algo)
     with tempfile.TemporaryDirectory() as d:
-        cfg = a.config(task=task, model=model, run_dir=d, updates=updates, seed=seed, progress=False, tensorboard=False,
-                       save_interval=0, sample_interval=0, export_model=False, **flags_to_options(flags), **extra)
+        cfg = config_from_flags(a.config(task=task, model=model, run_dir=d, updates=updates, seed=seed, progress=False,
+                                         tensorboard=False, save_interval=0, sample_interval=0, export_model=False,
+                                         **extra), list(flags), "llm_overhead", "llm", False)
         trainer = a.make(cfg)
         c0 = time.process_time()
         trainer.learn()

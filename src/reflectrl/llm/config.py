@@ -187,17 +187,10 @@ class GRPOConfig(RunOptions):
         return self.prompts_per_update * self.group_size
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """``engine_options`` as keyword arguments of the engine (VALUE read as JSON when it parses, else text)."""
-        out: dict[str, Any] = {}
-        for item in self.engine_options:
-            key, sep, raw = str(item).partition("=")
-            if not sep or not key.strip():
-                raise ConfigError(f"--engine-options expects KEY=VALUE, got {item!r}")
-            try:
-                out[key.strip()] = json.loads(raw)
-            except json.JSONDecodeError:
-                out[key.strip()] = raw
-        return out
+        """``engine_options`` as keyword arguments of the engine (parsed as the task's options are)."""
+        from ..tasks.base import parse_options
+
+        return parse_options(self.engine_options, "--engine-options")
 
     def task_kwargs(self) -> dict[str, Any]:
         """``task_options`` as keyword arguments of the task (values parsed as in ``reflectrl tasks --set``)."""

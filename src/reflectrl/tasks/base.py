@@ -300,16 +300,16 @@ def load_tasks() -> dict[str, Callable[..., Task]]:
     return TASKS
 
 
-def parse_options(items: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings as task keyword arguments; VALUE is read as JSON when it parses (``True`` and ``False``,
-    in any case, as the booleans), else as text."""
+def parse_options(items: Sequence[str], flag: str = "--set") -> dict[str, Any]:
+    """``KEY=VALUE`` strings (the values of option ``flag``) as keyword arguments; VALUE is read as JSON when it parses
+    (``True`` and ``False``, in any case, as the booleans), else as text."""
     import json
 
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = str(item).partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+            raise ConfigError(f"{flag} expects KEY=VALUE, got {item!r}")
         if raw.strip().lower() in ("true", "false"):  # instructions=False must not read as the text "False"
             out[key.strip()] = raw.strip().lower() == "true"
             continue

@@ -8,9 +8,10 @@ The model is the recipe's warm-up (``reflectrl llm init-tiny`` and ``llm warmup`
 ``OUT/TASK/warmup``; kept when it is there). Each round trains ``--updates`` GRPO updates from it with the recipe's
 train flags (and task options), a fresh trainer per arm, the arms in turn:
 
-- **before**: ``--engine-options reuse_cache=false append_cache=false --old-logp recompute``: every turn prefills
-  its whole transcript again, each decoding step concatenates the KV cache (transformers' ``DynamicCache``), and a
-  no-grad pass computes the old log-probs (how every update ran before the speed work);
+- **before**: ``--engine-options reuse_cache=false append_cache=false lean_step=false --old-logp recompute``: every
+  turn prefills its whole transcript again, each decoding step concatenates the KV cache (transformers'
+  ``DynamicCache``) in the model's own forward, and a no-grad pass computes the old log-probs (how every update ran
+  before the speed work);
 - **default**: the trainer's defaults (the kept cache on a multi-turn task, the cache appended in place; the
   no-grad pass);
 - **engine log-probs**: the defaults and ``--old-logp engine`` (the sampler's log-probs as the old ones, no pass);
@@ -20,7 +21,9 @@ train flags (and task options), a fresh trainer per arm, the arms in turn:
 - **engine log-probs, shared prompt**: the defaults, ``--old-logp engine`` and ``--attention shared-prompt`` (each
   distinct prompt of a micro-batch run once in the update's forward and backward);
 - **... packed groups**: and ``--micro-batch-tokens 4096`` (a prompt's rows kept together, micro-batches of at most
-  4096 tokens as the shared-prompt layout computes them).
+  4096 tokens as the shared-prompt layout computes them);
+- **... and the forward at every decoding step**: the same with ``--engine-options lean_step=false`` (the model's
+  forward at each sampling step in place of the lean step; the same tokens), which times the lean step alone.
 
 ``--arms`` times a subset (with before).
 
@@ -45,14 +48,18 @@ from typing import Any
 import resultio
 from llm_learn import preset, run
 
-ARMS = {"before": ["--engine-options", "reuse_cache=false", "append_cache=false", "--old-logp", "recompute"], "default": [],
+ARMS = {"before": ["--engine-options", "reuse_cache=false", "append_cache=false", "lean_step=false", "--old-logp",
+                   "recompute"], "default": [],
         "engine log-probs": ["--old-logp", "engine"],
         "engine log-probs, causal layout": ["--old-logp", "engine", "--attention", "causal"],
         "engine log-probs, causal layout, length-packed micro-batches": [
             "--old-logp", "engine", "--attention", "causal", "--micro-batch-tokens", "4096"],
         "engine log-probs, shared prompt": ["--old-logp", "engine", "--attention", "shared-prompt"],
         "engine log-probs, shared prompt, packed groups": ["--old-logp", "engine", "--attention", "shared-prompt",
-                                                           "--micro-batch-tokens", "4096"]}
+                                                           "--micro-batch-tokens", "4096"],
+        "... and the forward at every decoding step": ["--old-logp", "engine", "--attention", "shared-prompt",
+                                                       "--micro-batch-tokens", "4096", "--engine-options",
+                                                       "lean_step=false"]}
 PHASES = ("generate", "prefill", "reward_wait", "prepare", "update")
 
 

@@ -129,3 +129,30 @@ def test_the_shared_prompt_layout_on_the_real_model(model_dir, tmp_path):
     assert float((g_b - g_a).norm() / g_a.norm()) < 1e-3
     torch.testing.assert_close(g_b, g_a, rtol=0, atol=1e-4 * float(g_a.abs().max()))
     trainer.rollout.close()
+
+
+def test_the_lean_decoding_step_on_the_real_model(model_dir, tmp_path):
+    """The real model (grouped-query attention, tied embeddings) with LoRA passes the lean step's check, and a chat
+    rollout draws the same tokens and log-probs with the lean step as with the model's forward at every step."""
+    trainer = GRPO(small(tmp_path, "lean", updates=1, group_size=2, old_logp="engine", export_model=False))
+    pol = trainer.policy
+    with torch.no_grad():  # a nonzero adapter, so that an adapter left out of the step would change the tokens
+        for n, p in pol.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(3))
+    problems, group, offset, gen = trainer.draw_problems()
+    state = gen.get_state()
+    runs = []
+    for lean in (True, False):
+        pol._lean = None if lean else (pol.model, None)
+        gen.set_state(state)
+        batch, _ = trainer.rollout.run(problems, group, gen, index_offset=offset)
+        runs.append(batch)
+        if lean:
+            assert pol._lean is not None and pol._lean[1] is not None  # the check passed: the lean step ran
+    a, b = runs
+    assert torch.equal(a.response_ids, b.response_ids) and int(a.completion_mask.sum()) > 4
+    from reflectrl.llm.batch import ENGINE_LOGP
+
+    assert torch.equal(a.extras[ENGINE_LOGP], b.extras[ENGINE_LOGP])
+    trainer.rollout.close()

@@ -51,12 +51,14 @@ class TorchSampler:
     ``reuse_cache`` (``--engine-options reuse_cache=true``) each row's keys and values are kept from one call to the
     next, so that a multi-turn episode's next turn prefills only what was added to its transcript
     (:mod:`reflectrl.llm.kv_reuse`). Its cache appends each step's keys and values in place
-    (:mod:`reflectrl.llm.kv_cache`; ``append_cache=false``: transformers' concatenating cache, the same tokens)."""
+    (:mod:`reflectrl.llm.kv_cache`; ``append_cache=false``: transformers' concatenating cache, the same tokens). A
+    Llama-architecture model decodes with :mod:`reflectrl.llm.decode`'s lean step (``lean_step=false``: the model's
+    forward at every step, the same tokens)."""
 
     def __init__(self, policy: Policy, temperature: float = 1.0, top_k: int = 0, prune_frac: float = 0.25,
-                 reuse_cache: bool = False, append_cache: bool = True):
+                 reuse_cache: bool = False, append_cache: bool = True, lean_step: bool = True):
         self.policy, self.temperature, self.top_k, self.prune_frac = policy, temperature, top_k, prune_frac
-        self.append_cache = append_cache
+        self.append_cache, self.lean_step = append_cache, lean_step
         self.prefill_s = 0.0  # seconds spent prefilling prompts (and transcripts), summed over calls
         self.kept = KeptContexts() if reuse_cache else None
         self.reused_tokens = 0  # context tokens whose keys and values came from the previous call (reuse_cache)
@@ -115,7 +117,7 @@ class TorchSampler:
                 alive, nxt, mask, last_pos = alive[sel], nxt[sel], mask[sel], last_pos[sel]
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
             last_pos = last_pos + 1
-            logits = pol.step_logits(nxt[:, None], mask, last_pos, cache)
+            logits = pol.step_logits(nxt[:, None], mask, last_pos, cache, lean=self.lean_step)
         if self.kept is not None:
             self._keep(prompts, toks, alive, torch.arange(alive.numel(), device=dev), cache, context_mask, width)
         rows = toks.cpu().tolist()

@@ -54,6 +54,7 @@ class Policy(nn.Module):
         self.use_adapter_as_ref = use_adapter_as_ref
         self.source = source
         self._cache_kw = _cache_kwarg(model)
+        self._lean: tuple[nn.Module, nn.Module | None] | None = None  # (the model, its checked lean-step base)
         self.attention: Literal["padded", "causal", "shared-prompt"] = "padded"
         """How :meth:`forward_batch` lays out a batch: ``padded`` (left-padded prompts under an attention mask),
         ``causal`` (each row's real tokens moved to its start, right-padded, under the plain causal kernel with no
@@ -272,8 +273,23 @@ class Policy(nn.Module):
         raise ConfigError("this policy was loaded without a reference model; load it with ref=True")
 
     def step_logits(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Any,
-                    keep_last: bool = True) -> Tensor:
-        """One incremental forward with a KV cache (generation); returns the last position's logits."""
+                    keep_last: bool = True, lean: bool = True) -> Tensor:
+        """One incremental forward with a KV cache (generation); returns the last position's logits. One token per
+        row on a Llama-architecture model runs :func:`~reflectrl.llm.decode.lean_step` (the same logits bit for bit,
+        less Python around them) unless not ``lean``."""
+        if lean and input_ids.shape[1] == 1:
+            if self._lean is None or self._lean[0] is not self.model:
+                from .decode import checked_llama
+
+                self._lean = (self.model, checked_llama(self.model, self._forward_step, self.device))
+            if self._lean[1] is not None:
+                from .decode import lean_step
+
+                return lean_step(self._lean[1], input_ids, attention_mask, position_ids, cache)
+        return self._forward_step(input_ids, attention_mask, position_ids, cache, keep_last)
+
+    def _forward_step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Any,
+                      keep_last: bool = True) -> Tensor:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True, logits_to_keep=1 if keep_last else 0, **{self._cache_kw: cache})
         return out.logits[:, -1]

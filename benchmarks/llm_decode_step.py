@@ -18,6 +18,7 @@ whether every rollout drew the same tokens. The last line of output is one JSON 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -86,8 +87,6 @@ def render(names: list[str]) -> str:
     lines = ["| task | model | rows | CPU s per rollout, forward | CPU s per rollout, lean step | speedup | sampling "
              "loop s, forward | sampling loop s, lean step | same tokens |", "|---|---|---|---|---|---|---|---|---|"]
     for n in names:
-        import json
-
         r = json.loads(results_file(n).read_text())
         c, s = r["cpu_s_per_rollout"], r["sampling_loop_s"]
         lines.append(f"| {r['task']} | {r['model']} | {r['rows']} | {c['forward']:.3f} | {c['lean']:.3f} | "

@@ -15,10 +15,14 @@ if the two differ in a single bit (another transformers version, a patched modul
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+Step = Callable[[Tensor, Tensor, Tensor, Any], Tensor]
+"""A model's own step: ``(input_ids, attention_mask, position_ids, cache) -> the last position's logits [R, V]``."""
 
 
 def _llama(model: nn.Module) -> nn.Module | None:
@@ -70,7 +74,7 @@ def lean_step(base: nn.Module, input_ids: Tensor, attention_mask: Tensor, positi
     return base.lm_head(h[:, -1:, :])[:, -1]
 
 
-def checked_llama(model: nn.Module, forward: Any, device: torch.device) -> nn.Module | None:
+def checked_llama(model: nn.Module, forward: Step, device: torch.device) -> nn.Module | None:
     """The ``LlamaForCausalLM`` that :func:`lean_step` runs for ``model``, or None where it does not apply or does
     not give ``model``'s own logits (see the module docstring). ``forward(input_ids, attention_mask, position_ids,
     cache)``: the model's own step (last position's logits), what the check compares with."""
@@ -78,7 +82,7 @@ def checked_llama(model: nn.Module, forward: Any, device: torch.device) -> nn.Mo
     return base if base is not None and _matches(base, forward, device) else None
 
 
-def _matches(base: nn.Module, forward: Any, device: torch.device) -> bool:
+def _matches(base: nn.Module, forward: Step, device: torch.device) -> bool:
     """Whether the lean step's logits equal the forward's bit for bit on two rows (one left-padded) after a
     three-token prefill, and on the next step with no padding left; the global random state is left as it was."""
     from .kv_cache import new_cache

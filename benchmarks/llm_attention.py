@@ -66,7 +66,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "padded_cpu_s": med["padded"], "causal_cpu_s": med["causal"],
             "speedup": med["padded"] / max(med["causal"], 1e-12),
             "max_logp_diff": float((logp["padded"] - logp["causal"])[mask].abs().max()),
-            "distinct_prompts": len({tuple(r[m].tolist()) for r, m in zip(batch.prompt_ids, batch.prompt_mask)}),
+            "distinct_prompts": len({tuple(q) for q in batch.prompt_tokens()}),
             "shared_prompt_cpu_s": med["shared-prompt"],
             "shared_prompt_speedup": med["padded"] / max(med["shared-prompt"], 1e-12),
             "shared_prompt_max_logp_diff": float((logp["padded"] - logp["shared-prompt"])[mask].abs().max()),

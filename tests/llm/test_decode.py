@@ -140,7 +140,14 @@ def test_what_it_does_not_cover_runs_the_forward(tiny_policy, monkeypatch):
     assert not torch.equal(_steps(pol, True)[0], forward[0])  # the patched step would have changed them
 
 
-def test_the_check_leaves_the_random_state_as_it_was(tiny_policy):
+def test_the_check_leaves_the_random_state_as_it_was():
+    """A model in training mode with attention dropout draws from the global generator in its forward: the check
+    forks the random state, so a run draws the same numbers after it (and the random forward fails the check)."""
+    model = _llama(4)
+    model.config.attention_dropout = 0.5
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    pol = Policy(model.train(), tokenizer=None)
     state = torch.random.get_rng_state()
-    decode.checked_llama(tiny_policy.model, tiny_policy._forward_step, tiny_policy.device)
+    assert decode.checked_llama(pol.model, pol._forward_step, pol.device) is None
     assert torch.equal(torch.random.get_rng_state(), state)

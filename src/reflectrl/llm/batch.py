@@ -147,6 +147,10 @@ class TokenBatch:
         pos = torch.arange(self.steps).expand(self.rows, -1)
         return torch.where(self.response_attention, pos, torch.full_like(pos, -1)).max(1).values
 
+    def prompt_tokens(self) -> list[list[int]]:
+        """Each row's prompt ids without their padding."""
+        return [ids[m].tolist() for ids, m in zip(self.prompt_ids, self.prompt_mask.bool())]
+
     def with_prompts(self, prompts: Sequence[Sequence[int]], pad_id: int = 0) -> TokenBatch:
         """The same responses after other prompts (e.g. a teacher context holding the reference answer):
         per-token outputs of a forward pass on it align with this batch's tokens."""

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ..core import entropy_from_logits
 from ..errors import ConfigError, ReflectRLError
+from .decode import checked_llama, lean_step
 
 if TYPE_CHECKING:
     from .batch import TokenBatch
@@ -150,9 +151,8 @@ class Policy(nn.Module):
         if self.attention == "causal" and bool(batch.prompt_mask.any(1).all()):
             logits, hidden = self._causal_forward(batch, model, with_hidden)
         elif self.attention == "shared-prompt" and C > 0 and bool(batch.prompt_mask.any(1).all()):
-            prompts = [ids[m].tolist() for ids, m in zip(batch.prompt_ids, batch.prompt_mask)]
-            logits, hidden = self._on_shared_prompts(prompts, batch.response_ids, batch.response_attention, model,
-                                                     with_hidden)
+            logits, hidden = self._on_shared_prompts(batch.prompt_tokens(), batch.response_ids,
+                                                     batch.response_attention, model, with_hidden)
         else:
             ids, attn, pos = (t.to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
             out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
@@ -279,12 +279,8 @@ class Policy(nn.Module):
         less Python around them) unless not ``lean``."""
         if lean and input_ids.shape[1] == 1:
             if self._lean is None or self._lean[0] is not self.model:
-                from .decode import checked_llama
-
                 self._lean = (self.model, checked_llama(self.model, self._forward_step, self.device))
             if self._lean[1] is not None:
-                from .decode import lean_step
-
                 return lean_step(self._lean[1], input_ids, attention_mask, position_ids, cache)
         return self._forward_step(input_ids, attention_mask, position_ids, cache, keep_last)
 

@@ -215,7 +215,7 @@ class PolicyUpdate:
         response = mb.last_real_response() + 1
         layout = self.cfg.attention
         if layout == "shared-prompt":
-            keys = [tuple(ids[m].tolist()) for ids, m in zip(mb.prompt_ids, mb.prompt_mask.bool())]
+            keys = [tuple(q) for q in mb.prompt_tokens()]
             groups: dict[tuple[int, ...], list[int]] = {}
             for r in torch.argsort(response, stable=True).tolist():
                 groups.setdefault(keys[r], []).append(r)

@@ -10,7 +10,8 @@ count. The default model is a fresh init-tiny model after a short supervised war
 RL starts from in ``llm_learn.py``; its completions are a few tokens); ``--sft-steps 0
 --max-new-tokens 32 --minibatches 1 --rows 128`` times the random-init model instead. Each round runs each
 trainer in a fresh process (reflectrl, then TRL), warms up ``--warmup`` steps and times ``--steps``
-steps; throughput is completion tokens generated per second of whole steps, timed by the process's
+steps, each trainer in its own loop (reflectrl's ``learn()``, TRL's ``train()``); throughput is completion
+tokens generated per second of whole steps, timed by the process's
 CPU clock (``time.process_time``, all threads) so that other load on a shared machine does not
 skew the comparison (wall-clock figures are reported too). TRL is a
 benchmark-only dependency (``pip install trl``). ``--engines`` also times the two generation
@@ -39,7 +40,7 @@ def worker_reflectrl(a) -> dict:
     from reflectrl.algos import config_for_algo
     from reflectrl.llm.grpo import GRPO
 
-    cfg = config_for_algo("grpo", task="arith", model=a.model, run_dir=str(Path(a.tmp) / "reflectrl"),
+    cfg = config_for_algo("grpo", task="arith", model=a.model, run_dir=tempfile.mkdtemp(dir=a.tmp),
                           updates=a.warmup + a.steps, prompts_per_update=a.rows // a.group_size,
                           group_size=a.group_size, max_new_tokens=a.max_new_tokens, learning_rate=a.lr,
                           minibatches=a.minibatches, lora_r=a.lora_r, task_options=tuple(a.set),
@@ -48,15 +49,23 @@ def worker_reflectrl(a) -> dict:
                           sample_interval=0, export_model=False, seed=a.seed, old_logp=a.old_logp,
                           attention=a.attention)
     trainer = GRPO(cfg)
+    # the steps run in reflectrl's own loop (learn()), as TRL's run in its train(): each one timed on its own
+    step, done = trainer.iteration, []
     tokens, seconds, cpu = 0, 0.0, 0.0
-    for i in range(a.warmup + a.steps):
+
+    def timed() -> dict:
+        nonlocal tokens, seconds, cpu
         t0, c0 = time.perf_counter(), time.process_time()
-        trainer.iteration()
-        if i >= a.warmup:
+        rec = step()
+        if len(done) >= a.warmup:
             seconds += time.perf_counter() - t0
             cpu += time.process_time() - c0
             tokens += int(trainer.last_batch.completion_mask.sum())
-    trainer.rollout.close()
+        done.append(1)
+        return rec
+
+    trainer.iteration = timed
+    trainer.learn()
     return {"tokens": tokens, "seconds": seconds, "cpu_seconds": cpu, "threads": torch.get_num_threads()}
 
 

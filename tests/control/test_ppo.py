@@ -49,6 +49,31 @@ def interrupt_at(trainer, update: int):
     return trainer
 
 
+def test_the_loop_freezes_the_heap_while_it_runs(tmp_path):
+    """What exists when learn() starts is out of the collector's scans during the updates, and given back after,
+    also when an update raises."""
+    import gc
+
+    before, seen = gc.get_freeze_count(), []
+    trainer = PPO(tiny(tmp_path, "a"))
+    run = trainer.iteration
+    marker = object()
+
+    def iteration():
+        seen.append((gc.get_freeze_count(), gc.is_tracked(marker), any(o is marker for o in gc.get_objects())))
+        return run()
+
+    trainer.iteration = iteration
+    marker = [marker]  # a tracked container made before the loop starts
+    trainer.learn()
+    assert seen and all(count > before and tracked and not listed for count, tracked, listed in seen)
+    assert gc.get_freeze_count() == before and any(o is marker for o in gc.get_objects())
+    crashing = interrupt_at(PPO(tiny(tmp_path, "b")), 2)
+    with pytest.raises(KeyboardInterrupt):
+        crashing.learn()
+    assert gc.get_freeze_count() == before
+
+
 @pytest.mark.parametrize("env_id,extra", [("CartPole-v1", {}), ("Pendulum-v1", {"num_minibatches": 4})])
 def test_resume_equals_uninterrupted(tmp_path, env_id, extra):
     cfg_full = tiny(tmp_path, "full", env_id=env_id, save_interval=1, **extra)

@@ -120,7 +120,7 @@ class GRPO(PolicyUpdate, Trainer):
             self._check_distributed()
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=cfg.learning_rate,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                                           weight_decay=cfg.weight_decay)
+                                           weight_decay=cfg.weight_decay, foreach=True)
         self._build_rollout()
         # merging identical rows is exact for the built-in loss terms; a method's own terms would not see the counts
         self._dedupe = cfg.dedupe and not any(m.has_aux_loss for m in self.methods) and "hidden_grad" not in self.needs

@@ -13,7 +13,8 @@ trainer in a fresh process (reflectrl, then TRL), warms up ``--warmup`` steps an
 steps, each trainer in its own loop (reflectrl's ``learn()``, TRL's ``train()``); throughput is completion
 tokens generated per second of whole steps, timed by the process's
 CPU clock (``time.process_time``, all threads) so that other load on a shared machine does not
-skew the comparison (wall-clock figures are reported too). TRL is a
+skew the comparison (wall-clock figures are reported too), and the share of each arm's timed CPU that the
+cyclic garbage collector took (``gc_share``, per round). TRL is a
 benchmark-only dependency (``pip install trl``). ``--engines`` also times the two generation
 engines of reflectrl alone. ``--engine-logp`` adds a third trainer to every round: reflectrl with ``--old-logp
 engine`` (the sampler's log-probs as the old ones, no no-grad pass before the update); ``--shared-prompt`` one more:
@@ -24,6 +25,7 @@ update, forward and backward). The last line of output is one JSON object.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -32,6 +34,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+
+class GcClock:
+    """CPU seconds of the cyclic garbage collector's runs that start while ``on`` (a timed step is running)."""
+
+    def __init__(self) -> None:
+        self.on, self.cpu, self._t, self._counted = False, 0.0, 0.0, False
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t, self._counted = time.process_time(), self.on
+        elif self._counted:
+            self.cpu += time.process_time() - self._t
 
 
 def worker_reflectrl(a) -> dict:
@@ -53,10 +69,14 @@ def worker_reflectrl(a) -> dict:
     step, done = trainer.iteration, []
     tokens, seconds, cpu = 0, 0.0, 0.0
 
+    collector = GcClock()
+
     def timed() -> dict:
         nonlocal tokens, seconds, cpu
         t0, c0 = time.perf_counter(), time.process_time()
+        collector.on = len(done) >= a.warmup
         rec = step()
+        collector.on = False
         if len(done) >= a.warmup:
             seconds += time.perf_counter() - t0
             cpu += time.process_time() - c0
@@ -66,7 +86,8 @@ def worker_reflectrl(a) -> dict:
 
     trainer.iteration = timed
     trainer.learn()
-    return {"tokens": tokens, "seconds": seconds, "cpu_seconds": cpu, "threads": torch.get_num_threads()}
+    return {"tokens": tokens, "seconds": seconds, "cpu_seconds": cpu, "gc_cpu_seconds": collector.cpu,
+            "threads": torch.get_num_threads()}
 
 
 def worker_trl(a) -> dict:
@@ -98,15 +119,17 @@ def worker_trl(a) -> dict:
 
         def on_step_begin(self, args, state, control, **kw):
             self.t0, self.c0, self.before = time.perf_counter(), time.process_time(), counted["tokens"]
+            collector.on = self.step >= a.warmup * a.minibatches
 
         def on_step_end(self, args, state, control, **kw):
+            collector.on = False
             self.step += 1
             if self.step > a.warmup * a.minibatches:
                 self.seconds += time.perf_counter() - self.t0
                 self.cpu += time.process_time() - self.c0
                 self.tokens += counted["tokens"] - self.before
 
-    timer = Timer()
+    timer, collector = Timer(), GcClock()
     # one generation of `rows` completions, then `minibatches` optimizer steps on slices of it (TRL then
     # computes old log-probs in an extra pass, as reflectrl does for minibatches > 1)
     args = GRPOConfig(
@@ -137,7 +160,7 @@ def worker_trl(a) -> dict:
                           callbacks=[timer], peft_config=peft)
     trainer.train()
     return {"tokens": timer.tokens, "seconds": timer.seconds, "cpu_seconds": timer.cpu,
-            "threads": torch.get_num_threads()}
+            "gc_cpu_seconds": collector.cpu, "threads": torch.get_num_threads()}
 
 
 def worker_engines(a) -> dict:
@@ -234,13 +257,16 @@ def main() -> None:
                 *(["reflectrl_shared_prompt"] if a.shared_prompt else []), "trl"]
         runs: dict[str, list[float]] = {k: [] for k in arms}
         wall: dict[str, list[float]] = {k: [] for k in arms}
+        gc_share: dict[str, list[float]] = {k: [] for k in arms}
         for r in range(a.rounds):
             for kind in arms:
                 res = spawn(kind, a, tmp)
                 runs[kind].append(res["tokens"] / res["cpu_seconds"])
                 wall[kind].append(res["tokens"] / res["seconds"])
+                gc_share[kind].append(res.get("gc_cpu_seconds", 0.0) / res["cpu_seconds"])
                 print(f"round {r + 1} {kind}: {res['tokens']} tokens, {res['cpu_seconds']:.2f} CPU s "
-                      f"({runs[kind][-1]:.0f} tokens per CPU-second), {res['seconds']:.2f} s wall", flush=True)
+                      f"({runs[kind][-1]:.0f} tokens per CPU-second), {res['seconds']:.2f} s wall, "
+                      f"{gc_share[kind][-1]:.1%} of the CPU in the garbage collector", flush=True)
         engines = spawn("engines", a, tmp) if a.engines else {}
     import transformers
     import trl
@@ -251,6 +277,7 @@ def main() -> None:
               "ratio": round(ours / theirs, 3), "clock": f"process CPU time (threads={a.threads})",
               "rounds": {k: [round(x, 1) for x in v] for k, v in runs.items()},
               "wall_tokens_per_s": {k: round(statistics.median(v), 1) for k, v in wall.items()},
+              "gc_share": {k: [round(x, 4) for x in v] for k, v in gc_share.items()},
               "model": model_desc, "task": "arith", "group_size": a.group_size, "rows_per_step": a.rows,
               "minibatches": a.minibatches, "max_new_tokens": a.max_new_tokens,
               "timed_steps": a.steps, "threads": a.threads, "lr": a.lr, "lora_r": a.lora_r,

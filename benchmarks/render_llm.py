@@ -127,15 +127,18 @@ def throughput_table(name: str = "llm_throughput.json") -> str:
         return f"(no {name} result yet)"
     r = json.loads(path.read_text())
     rounds = lambda k: ", ".join(f"{x:.0f}" for x in r["rounds"][k])  # noqa: E731
+    gc = "gc_share" in r  # results before the collector was timed have no column for it
+    share = lambda k: (" " + ", ".join(f"{x:.1%}" for x in r["gc_share"][k]) + " |") if gc else ""  # noqa: E731
     return "\n".join([
-        "| | completion tokens/s (median) | rounds |", "|---|---|---|",
-        f"| reflectrl | {r['reflectrl_tokens_per_s']:.0f} | {rounds('reflectrl')} |",
+        "| | completion tokens/s (median) | rounds |" + (" garbage collector's share of the CPU, per round |" if gc else ""),
+        "|---|---|---|" + ("---|" if gc else ""),
+        f"| reflectrl | {r['reflectrl_tokens_per_s']:.0f} | {rounds('reflectrl')} |{share('reflectrl')}",
         *([f"| reflectrl, `--old-logp engine` | {r['reflectrl_engine_logp_tokens_per_s']:.0f} | "
-           f"{rounds('reflectrl_engine_logp')} |"] if "ratio_engine_logp" in r else []),
+           f"{rounds('reflectrl_engine_logp')} |{share('reflectrl_engine_logp')}"] if "ratio_engine_logp" in r else []),
         *([f"| reflectrl, `--old-logp engine --attention shared-prompt` | "
-           f"{r['reflectrl_shared_prompt_tokens_per_s']:.0f} | {rounds('reflectrl_shared_prompt')} |"]
-          if "ratio_shared_prompt" in r else []),
-        f"| TRL {r['trl_version']} `GRPOTrainer` | {r['trl_tokens_per_s']:.0f} | {rounds('trl')} |",
+           f"{r['reflectrl_shared_prompt_tokens_per_s']:.0f} | {rounds('reflectrl_shared_prompt')} |"
+           f"{share('reflectrl_shared_prompt')}"] if "ratio_shared_prompt" in r else []),
+        f"| TRL {r['trl_version']} `GRPOTrainer` | {r['trl_tokens_per_s']:.0f} | {rounds('trl')} |{share('trl')}",
         "", f"Ratio: **{r['ratio']:.2f}x**"
             + (f", with `--old-logp engine` **{r['ratio_engine_logp']:.2f}x**" if "ratio_engine_logp" in r else "")
             + (f", with `--attention shared-prompt` too **{r['ratio_shared_prompt']:.2f}x**"

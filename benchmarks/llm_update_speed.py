@@ -27,6 +27,13 @@ train flags (and task options), a fresh trainer per arm, the arms in turn:
 
 ``--arms`` times a subset (with before).
 
+``--paired``: on a task with dynamic sampling (rag's recipe) the arms' runs drift apart by float rounding after the
+first update, and a run that drifts draws a different number of generation batches per update, so the arms would
+not do the same work. With ``--paired`` the before arm is first run once, untimed, keeping the trainer's state
+(``Trainer.state()``: the policy, optimizer, random streams and counters) before each of its updates; every arm's
+update k then starts from that state (``load_state``), so every arm samples the same episodes in every update (the
+result says whether it did) and the arms differ only in how they compute them.
+
 Per arm: process CPU seconds per update (``time.process_time``, all threads of this process; the median over rounds
 of the mean over the updates after ``--skip``), the phases' wall seconds per update from the run's ``time/*`` fields,
 and whether the first update's episodes and rewards are the same as the before arm's (they must be: the arms differ
@@ -38,6 +45,7 @@ JSON object.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shutil
 import statistics
@@ -76,8 +84,8 @@ def warmed_up(task: str, out: Path) -> Path:
     return warm
 
 
-def one_arm(task: str, model: Path, run_dir: Path, flags: list[str], updates: int, skip: int) -> dict[str, Any]:
-    """``updates`` GRPO updates at the recipe with ``flags``: CPU s per update after ``skip``, the phases, update 1."""
+def trainer_for(task: str, model: Path, run_dir: Path, flags: list[str], updates: int) -> Any:
+    """A fresh GRPO trainer at the recipe's train settings with ``flags``."""
     from reflectrl.algos import config_for_algo
     from reflectrl.cli.util import config_from_flags
     from reflectrl.llm.grpo import GRPO
@@ -89,19 +97,47 @@ def one_arm(task: str, model: Path, run_dir: Path, flags: list[str], updates: in
                            threads=1)
     cfg = config_from_flags(base, [*p["train"], "--max-new-tokens", str(p["max_new_tokens"]), *flags],
                             "update_speed", "llm", False)
-    trainer = GRPO(cfg)
-    cpu, recs, first = [], [], None
+    return GRPO(cfg)
+
+
+def reference(task: str, model: Path, run_dir: Path, updates: int) -> dict[str, Any]:
+    """``--paired``: the before arm's run, untimed: the trainer's state before each update (what every arm's update
+    starts from), and each update's episodes and mean reward."""
+    trainer = trainer_for(task, model, run_dir, ARMS["before"], updates)
+    states, episodes, rewards = [], [], []
+    for _ in range(updates):
+        tensors, meta = trainer.state()
+        states.append(({k: v.detach().clone() for k, v in tensors.items()}, copy.deepcopy(meta)))
+        rec = trainer.iteration()
+        episodes.append(trainer.last_batch.transcripts)
+        rewards.append(rec["reward/mean"])
+    trainer.rollout.close()
+    return {"states": states, "episodes": episodes, "rewards": rewards}
+
+
+def one_arm(task: str, model: Path, run_dir: Path, flags: list[str], updates: int, skip: int,
+            ref: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``updates`` GRPO updates at the recipe with ``flags``: CPU s per update after ``skip``, the phases, update 1.
+    With ``ref`` (``--paired``), update k starts from the state the before arm's update k started from, and the
+    result says whether every update drew the before arm's episodes and rewards."""
+    trainer = trainer_for(task, model, run_dir, flags, updates)
+    cpu, recs, first, same = [], [], None, True
     for i in range(updates):
+        if ref is not None:
+            trainer.load_state(*ref["states"][i])
         c0 = time.process_time()
         recs.append(trainer.iteration())
         cpu.append(time.process_time() - c0)
         if i == 0:
             first = trainer.last_batch.transcripts
+        if ref is not None:
+            same = same and trainer.last_batch.transcripts == ref["episodes"][i] and \
+                recs[-1]["reward/mean"] == ref["rewards"][i]
     trainer.rollout.close()
     kept = recs[skip:]
     return {"cpu_s": statistics.fmean(cpu[skip:]),
             "phases": {p: statistics.fmean(float(x.get(f"time/{p}", 0.0)) for x in kept) for p in PHASES},
-            "first": first, "first_record": recs[0]}
+            "first": first, "first_record": recs[0], "every_update_same": same}
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
@@ -111,10 +147,11 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     model = warmed_up(a.task, Path(a.out))
     arms = {k: v for k, v in ARMS.items() if k == "before" or not a.arms or k in a.arms}
     per: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
+    ref = reference(a.task, model, Path(a.out) / a.task / "runs" / "reference", a.updates) if a.paired else None
     for rnd in range(a.rounds):
         for arm, flags in arms.items():
             res = one_arm(a.task, model, Path(a.out) / a.task / "runs" / f"{arm.replace(' ', '_')}_{rnd}", flags,
-                          a.updates, a.skip)
+                          a.updates, a.skip, ref)
             per[arm].append(res)
             print(f"round {rnd + 1} {arm}: {res['cpu_s']:.3f} CPU s per update", flush=True)
     before = per["before"][0]
@@ -130,24 +167,28 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "same_first_rewards": all(x["first_record"]["reward/mean"] == before["first_record"]["reward/mean"]
                                       for x in runs),
             "first_loss_max_diff": max((abs(float(first[k]) - float(before["first_record"][k])) for k in losses),
-                                       default=0.0)}
+                                       default=0.0),
+            **({"every_update_same": all(x["every_update_same"] for x in runs)} if a.paired else {})}
     b = arms["before"]["cpu_s_per_update"]
     for v in arms.values():
         v["speedup"] = b / v["cpu_s_per_update"]
     return {"benchmark": "llm_update_speed", "task": a.task, "updates": a.updates, "skip": a.skip,
-            "rounds": a.rounds, "clock": "process CPU time (threads=1)", "arms": arms}
+            "rounds": a.rounds, "paired": a.paired, "clock": "process CPU time (threads=1)", "arms": arms}
 
 
 def render(names: list[str]) -> str:
+    results = [json.loads(resultio.results_file(n).read_text()) for n in names]
+    paired = all(r.get("paired") for r in results)
     lines = ["| task | arm | CPU s per update (median) | speedup over before | speedup per round | generate s | "
-             "prefill s | no-grad pass s | update s | update 1: same episodes and rewards | update 1: largest "
-             "loss-metric difference |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for n in names:
-        r = json.loads(resultio.results_file(n).read_text())
+             "prefill s | no-grad pass s | update s | " + ("every update: " if paired else "update 1: ")
+             + "same episodes and rewards | update 1: largest loss-metric difference |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
         before = r["arms"]["before"]["rounds"]
         for arm, v in r["arms"].items():
             ph = v["phases"]
-            same = "yes" if v["same_first_episodes"] and v["same_first_rewards"] else "no"
+            same = "yes" if v["same_first_episodes"] and v["same_first_rewards"] and \
+                (not paired or v["every_update_same"]) else "no"
             rounds = ", ".join(f"{b / x:.2f}" for b, x in zip(before, v["rounds"]))
             lines.append(f"| {r['task']} | {arm} | {v['cpu_s_per_update']:.3f} | {v['speedup']:.2f}x | {rounds} | "
                          f"{ph['generate']:.3f} | {ph['prefill']:.3f} | {ph['prepare']:.3f} | {ph['update']:.3f} | "
@@ -162,6 +203,9 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=6, help="updates per arm and round")
     ap.add_argument("--skip", type=int, default=1, help="updates left out of the CPU mean (start-up)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--paired", action="store_true",
+                    help="every arm's update k starts from the state the before arm's update k started from (the "
+                         "before arm's run, made once, untimed), so that every arm does the same updates' work")
     ap.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), metavar="ARM",
                     help="time only these arms (and before, which every speedup is over); default: every arm")
     resultio.main(ap, measure, render, needs="task")

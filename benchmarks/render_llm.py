@@ -153,6 +153,22 @@ def throughput_table(name: str = "llm_throughput.json") -> str:
             + (f", task options {' '.join(r['task_options'])}" if r.get("task_options") else "") + "."])
 
 
+def throughput_ab_table(name: str = "llm_throughput_ab_heap.json") -> str:
+    """One llm_throughput.py round per library version, alternating: tokens per CPU-second and the collector's share."""
+    path = RES / name
+    if not path.exists():
+        return f"(no {name} result yet)"
+    r = json.loads(path.read_text())
+    arms = [("reflectrl", "reflectrl"), ("reflectrl_engine_logp", "reflectrl, `--old-logp engine`"),
+            ("trl", f"TRL {r['trl_version']} `GRPOTrainer`")]
+    rows = ["| round | library | " + " | ".join(f"{label}: tokens/s (collector's share)" for _, label in arms) + " |",
+            "|---|---|" + "---|" * len(arms)]
+    for run in r["runs"]:
+        cells = [f"{run['tokens_per_s'][k]:.0f} ({run['gc_share'][k]:.1%})" for k, _ in arms]
+        rows.append(f"| {run['round']} | {run['code']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def _reward_rows(r: dict, before: dict | None = None) -> list[str]:
     """The table of one reward_overlap result: per backend and mode (and the earlier code's row, if given)."""
     per_backend = r.get("backends", {"bwrap": r})  # results before the per-backend runs measured bwrap only
@@ -200,8 +216,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--collect", nargs="*", type=Path, default=None, metavar="DIR")
     ap.add_argument("--variant", default=None, help="with --collect: a label for runs of an older recipe")
-    ap.add_argument("--part", choices=["learn", "episodes", "throughput", "throughput_real", "reward"], default=None,
-                    help="print one table")
+    ap.add_argument("--part", choices=["learn", "episodes", "throughput", "throughput_ab", "throughput_real", "reward"],
+                    default=None, help="print one table")
     ap.add_argument("--file", default=None, help="with --part throughput: another result file of llm_throughput.py")
     a = ap.parse_args()
     if a.collect is not None:
@@ -210,6 +226,7 @@ def main() -> None:
     if a.part:
         print({"learn": learn_tables, "episodes": episode_table,
                "throughput": lambda: throughput_table(a.file or "llm_throughput.json"),
+               "throughput_ab": lambda: throughput_ab_table(a.file or "llm_throughput_ab_heap.json"),
                "throughput_real": lambda: throughput_table("llm_throughput_real.json"),
                "reward": reward_table}[a.part]())
         return

@@ -172,8 +172,8 @@ def frozen_heap() -> Iterator[None]:
     """Leave what exists when a run starts out of the cyclic garbage collector's scans until it ends.
 
     A run's process holds a few hundred thousand long-lived objects (torch, transformers, the model's modules), and
-    each full collection walks all of them again: about a fifth of a second on this kind of machine, once every
-    few updates of a short GRPO step, for nothing, as they outlive the run. ``gc.freeze`` moves them to the
+    each full collection walks all of them again, every few updates of a short GRPO step, for nothing, as they
+    outlive the run (``benchmarks/llm_throughput.py`` reports the collector's share of a step). ``gc.freeze`` moves them to the
     permanent generation, which collections skip; ``gc.unfreeze`` at the end gives them back, so anything frozen
     that has become garbage meanwhile is collected as usual later. No computation changes: only when the collector
     runs, and over what.

@@ -274,7 +274,8 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     from ..tasks.selfreport import default_new_tokens
 
     max_new = cfg.max_new_tokens or default_new_tokens(task, cfg.self_report)  # inline / all: room for the tag
-    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                            foreach=True)
     gen = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []
     losses: list[float] = []

@@ -66,22 +66,20 @@ def worker_reflectrl(a) -> dict:
                           attention=a.attention)
     trainer = GRPO(cfg)
     # the steps run in reflectrl's own loop (learn()), as TRL's run in its train(): each one timed on its own
-    step, done = trainer.iteration, []
-    tokens, seconds, cpu = 0, 0.0, 0.0
-
-    collector = GcClock()
+    step, collector = trainer.iteration, GcClock()
+    done, tokens, seconds, cpu = 0, 0, 0.0, 0.0
 
     def timed() -> dict:
-        nonlocal tokens, seconds, cpu
+        nonlocal done, tokens, seconds, cpu
         t0, c0 = time.perf_counter(), time.process_time()
-        collector.on = len(done) >= a.warmup
+        collector.on = done >= a.warmup
         rec = step()
         collector.on = False
-        if len(done) >= a.warmup:
+        if done >= a.warmup:
             seconds += time.perf_counter() - t0
             cpu += time.process_time() - c0
             tokens += int(trainer.last_batch.completion_mask.sum())
-        done.append(1)
+        done += 1
         return rec
 
     trainer.iteration = timed

@@ -57,14 +57,13 @@ def test_the_loop_freezes_the_heap_while_it_runs(tmp_path):
     before, seen = gc.get_freeze_count(), []
     trainer = PPO(tiny(tmp_path, "a"))
     run = trainer.iteration
-    marker = object()
+    marker = [object()]  # a container the collector tracks, made before the loop starts
 
     def iteration():
         seen.append((gc.get_freeze_count(), gc.is_tracked(marker), any(o is marker for o in gc.get_objects())))
         return run()
 
     trainer.iteration = iteration
-    marker = [marker]  # a tracked container made before the loop starts
     trainer.learn()
     assert seen and all(count > before and tracked and not listed for count, tracked, listed in seen)
     assert gc.get_freeze_count() == before and any(o is marker for o in gc.get_objects())

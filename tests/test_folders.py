@@ -113,3 +113,49 @@ def test_a_run_written_before_the_seed_methods_had_their_own_names_reads_under_t
     want = {"refgrpo-seed/L_cal_heldout": 0.5, "refgrpo/c": 0.1, "gear-seed/omega_std": 0.2, "gear/weight_mean": 1.0,
             "exgrpo-seed/coef": 0.3, "exgrpo/replay_on": 1.0}
     assert read_metrics(path) == [want] and read_records(path) == [want]
+
+
+def test_a_named_model_run_records_its_folder_and_resumes_from_another_folder(tiny, tmp_path, monkeypatch, capsys):
+    """A run given a named model records the folder it was converted into (absolute) and the name; it resumes and
+    evaluates from any working folder, and, once the converted folder is gone, from the name (converted again)."""
+    import shutil
+
+    from reflectrl.llm import models
+
+    conversions = []
+
+    def convert(name, out=None, force=False):  # a named model's conversion, with the tiny model as its "GGUF file"
+        dst = models.cache_root() / name
+        if not dst.is_dir():
+            conversions.append(name)
+            shutil.copytree(tiny, dst)
+        return dst
+
+    monkeypatch.setenv("REFLECTRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(models.NAMED_MODELS, "tiny-named", models.NAMED_MODELS["smollm2-135m-instruct"])
+    monkeypatch.setattr(models, "get_model", convert)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    flags = ["--task", "arith", "--prompts-per-update", "2", "--group-size", "2", "--max-new-tokens", "2",
+             "--no-progress", "--no-tensorboard"]
+    assert main(["llm", "train", "--model", "tiny-named", "--run-dir", "runs/r", "--updates", "1", *flags]) == 0
+    cfg = json.loads((tmp_path / "a/runs/r/config.json").read_text())
+    folder = tmp_path / "cache" / "models" / "tiny-named"
+    assert cfg["model"] == str(folder) and cfg["model_name"] == "tiny-named" and conversions == ["tiny-named"]
+    monkeypatch.chdir(tmp_path / "b")  # another working folder
+    assert main(["llm", "train", "--resume", "../a/runs/r", "--updates", "2", "--no-progress"]) == 0
+    shutil.rmtree(folder)  # the cache was cleared: the name converts the model again
+    assert main(["llm", "train", "--resume", "../a/runs/r", "--updates", "3", "--no-progress"]) == 0
+    assert conversions == ["tiny-named", "tiny-named"]
+    capsys.readouterr()
+    shutil.rmtree(folder)
+    assert main(["llm", "eval", "../a/runs/r", "--limit", "2", "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 2
+    # the resumed run equals one that never stopped
+    monkeypatch.chdir(tmp_path)
+    assert main(["llm", "train", "--model", "tiny-named", "--run-dir", "whole", "--updates", "3", *flags]) == 0
+    from reflectrl.runlog import behaviour, read_metrics
+
+    assert behaviour(read_metrics(tmp_path / "whole/metrics.jsonl")) == \
+        behaviour(read_metrics(tmp_path / "a/runs/r/metrics.jsonl"))

@@ -152,8 +152,10 @@ def resume_from_cli(run_dir: str, rest: list[str], kind: str, algo: str | None, 
 
         raw = read_config_json(run_dir)
         check_device(str(raw.get("device", "cpu")), "the run's device")
-        model = str(raw.get("model") or "")
-        if extra.model is None and model and not Path(model).exists():
+        from ..llm.models import base_model_of
+
+        model = base_model_of(str(raw.get("model") or ""), str(raw.get("model_name") or ""))
+        if extra.model is None and model and not Path(model).exists() and model == raw.get("model"):
             raise ConfigError(f"the base model of {run_dir}, {model}, does not exist (moved?): give its new place "
                               f"with `{resume_cmd} --resume {run_dir} --model PATH`")
     overrides: dict[str, Any] = {"progress": False} if extra.no_progress else {}

@@ -46,8 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="updates per run (default: the task recipe's budget)")
     ap.add_argument("--out", required=True, metavar="DIR", help="output folder (models/, runs/, report.md, ...)")
     ap.add_argument("--model", default=None, metavar="PATH",
-                    help="a warmed-up model every run starts from (default: one tiny model per task and seed, built by "
-                         "the task's recipe)")
+                    help="the model every run starts from: a folder, a named model or a .gguf file (default: one tiny "
+                         "model per task and seed, built by the task's recipe)")
     ap.add_argument("--warmup-target", type=float, default=None, metavar="F",
                     help="train accuracy at which each tiny model's warm-up stops (default: the task recipe's, 0.2); a "
                          "lower one gives a harder setting, GRPO starting from a weaker model (use its own --out)")
@@ -94,8 +94,12 @@ def _validate(args: argparse.Namespace) -> list[MethodSpec]:
             from ..llm.recipes import recipe
 
             recipe(task)
-    if args.model is not None and not Path(args.model).is_dir():
-        raise ConfigError(f"--model {args.model} is not a model directory")
+    if args.model is not None:
+        from ..llm.models import NAMED_MODELS, is_gguf
+
+        if not (Path(args.model).is_dir() or args.model in NAMED_MODELS or is_gguf(args.model)):
+            raise ConfigError(f"--model {args.model} is not a model directory, a named model "
+                              f"({', '.join(NAMED_MODELS)}) or a .gguf file")
     return methods
 
 
@@ -182,7 +186,10 @@ def _models(args: argparse.Namespace, out: Path, seeds: list[int], failures: lis
     """The model each (task, seed) starts from: ``--model``, or the comparison's own tiny models, built where missing
     (a failed build goes into ``failures``)."""
     if args.model is not None:
-        return {(t, s): str(Path(args.model).resolve()) for t in args.tasks for s in seeds}
+        from ..llm.models import record_model
+
+        folder = record_model(args.model)[0]  # a named model: the folder it is converted into, once
+        return {(t, s): folder for t in args.tasks for s in seeds}
     if args.report_only:
         return {(t, s): str(model_dir(out, t, s) / "warmup") for t in args.tasks for s in seeds}
     models: dict[tuple[str, int], str] = {}

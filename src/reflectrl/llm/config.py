@@ -26,7 +26,11 @@ class GRPOConfig(RunOptions):
     """Registered task name (arith, codegen, text2sql, ...)."""
     model: str = ""
     """Hugging Face model directory, a named model (``smollm2-135m-instruct``) or a GGUF file (converted once into
-    the cache: ``reflectrl llm get-model``), or a hub id where a hub is reachable."""
+    the cache: ``reflectrl llm get-model``), or a hub id where a hub is reachable. A run records the folder it
+    resolved to, absolute, in config.json."""
+    model_name: str = ""
+    """Recorded by the trainer: the name ``--model`` was given as when it named a model or a GGUF file (``model`` then
+    holds the folder it was converted into); a resumed run whose folder has gone is converted again from it."""
     chat: Literal["auto", "on", "off"] = "auto"
     """Episodes as conversations in the model's chat template (auto: when its tokenizer has one; off: raw prompts,
     as the tiny models get them)."""

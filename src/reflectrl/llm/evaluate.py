@@ -20,6 +20,7 @@ from ..errors import ConfigError, ReflectRLError
 from ..tasks.base import SPLITS, Problem, Task, get_task
 from .config import response_budget
 from .engines import make_engine
+from .models import base_model_of
 from .policy import Policy, load_policy
 from .rollout import Rollout
 
@@ -284,7 +285,7 @@ def _load_run(p: Path, device: str, chat: str | None, model: str | None) -> tupl
 
     cfg = load_llm_config(p)
     tensors, _ = load_checkpoint(p / CHECKPOINT)
-    base = model or run_base_model(p, cfg.model)
+    base = model or base_model_of(run_base_model(p, cfg.model), cfg.model_name)
     try:
         policy = load_policy(base, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, dtype=cfg.dtype, device=device,
                              chat=chat or cfg.chat)

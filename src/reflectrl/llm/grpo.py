@@ -44,8 +44,8 @@ from .episodes import (
     row_extras,
     trained_reward,
 )
-from .models import uses_chat
-from .policy import absolute_model, load_policy
+from .models import base_model_of, record_model, uses_chat
+from .policy import load_policy
 from .rollout import Rollout, RolloutStats
 from .update import REPORT_ENTROPY, ROW_ID, VALUE_HEAD, PolicyUpdate
 
@@ -144,8 +144,10 @@ class GRPO(PolicyUpdate, Trainer):
         if hasattr(self.task, "sandbox_batch"):
             self.task.sandbox_batch = config.sandbox_batch
         # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load);
-        # a local model path is recorded absolute, so the run resumes and evaluates from any folder
-        config = dataclasses.replace(config, model=absolute_model(config.model),
+        # the model is recorded as an absolute folder (a named model's: the one it was converted into, with its name),
+        # so the run resumes and evaluates from any folder
+        folder, name = record_model(base_model_of(config.model, config.model_name))
+        config = dataclasses.replace(config, model=folder, model_name=name or config.model_name,
                                      task_options=absolute_option_paths(config.task_options))
         return config.resolved(self.task, chat=uses_chat(config.model, config.chat))
 

@@ -215,6 +215,26 @@ def resolve_model(path: str) -> str:
     return path
 
 
+def record_model(model: str) -> tuple[str, str]:
+    """``(folder, name)`` as a run records ``--model``: a named model or a GGUF file as the absolute folder it was
+    converted into, with the name it was given (so that a run whose converted folder has gone, or whose cache moved,
+    resumes from the name); an existing local path made absolute, with no name; a hub id as given."""
+    if model in NAMED_MODELS or (is_gguf(model) and not Path(model).expanduser().is_dir()):
+        name = model if model in NAMED_MODELS else str(Path(model).expanduser().resolve())
+        return str(Path(resolve_model(model)).resolve()), name
+    p = Path(model).expanduser()
+    return (str(p.resolve()) if p.exists() else model), ""
+
+
+def base_model_of(recorded: str, name: str) -> str:
+    """What to load as a run's base model: its recorded folder where it still exists, else the name it was given
+    (a named model or GGUF file, converted again into the cache), else the recorded value as it is (whose absence
+    the loader reports)."""
+    if name and not Path(recorded).expanduser().exists():
+        return name
+    return recorded
+
+
 def quiet_transformers() -> None:
     """Silence transformers' progress bars and info logs (a CLI prints its own progress)."""
     import warnings

@@ -337,13 +337,6 @@ def _cache_kwarg(model: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def absolute_model(path: str) -> str:
-    """``path`` as a run records it: an existing local path made absolute (so the run can be resumed or evaluated
-    from any folder); a named model, a GGUF file's name or a hub id as given."""
-    p = Path(path).expanduser()
-    return str(p.resolve()) if p.exists() else path
-
-
 def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dropout: float = 0.0,
                 lora_targets: tuple[str, ...] | None = None, ref: bool = False, dtype: str = "float32",
                 device: str = "cpu", trust_remote_code: bool = False, chat: str = "auto",

@@ -255,9 +255,9 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
 
     cfg.validate()
     from ..runlog import claim_output_dir
-    from .policy import absolute_model
+    from .models import record_model
 
-    cfg = dataclasses.replace(cfg, model=absolute_model(cfg.model))  # warmup.json names the model from any folder
+    cfg = dataclasses.replace(cfg, model=record_model(cfg.model)[0])  # warmup.json names the model from any folder
     cfg = dataclasses.replace(cfg, learning_rate=warmup_learning_rate(cfg.model, cfg.learning_rate))
 
     claim_output_dir(cfg.out, "--out", cfg.force, stale=("warmup.json",))

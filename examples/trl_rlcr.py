@@ -7,7 +7,8 @@ The prompts ask for the answer and a confidence in the same reply (``<confidence
 RLCR's ``acc - (q - acc)^2`` (-2 without a confidence), scored by reflectrl's arith verifier; the callback logs the
 calibration of the confidences each logging step (``calibration/ece``, ``calibration/auroc``, ...) into
 ``trainer.state.log_history`` and ``OUT/calibration.jsonl``, and the completions they were computed from go to
-``OUT/completions.jsonl``. The last line printed is a JSON list of the logged records. A model without a chat
+``OUT/completions.jsonl`` (strict JSON, a confidence not stated as null: ``reflectrl calibration
+OUT/completions.jsonl`` reads it). The last line printed is a JSON list of the logged records. A model without a chat
 template gets raw prompts: warm it up to state the tag first (``reflectrl llm warmup --self-report inline``).
 """
 
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from reflectrl.integrations.trl import CalibrationCallback, RewardLog, rlcr_reward, task_dataset
+    from reflectrl.integrations.trl import CalibrationCallback, RewardLog, rlcr_reward, task_dataset, write_records
     from reflectrl.llm.models import has_chat_template, model_defaults, profile_of, resolve_model
 
     out = Path(a.out)
@@ -60,8 +61,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                           train_dataset=task_dataset("arith", self_report="confidence", chat=has_chat_template(path)),
                           callbacks=[callback])
     trainer.train()
-    with open(out / "completions.jsonl", "w") as fh:  # what the metrics were computed from, to check them
-        fh.writelines(json.dumps(r) + "\n" for r in callback.kept)
+    write_records(out / "completions.jsonl", callback.kept)  # what the metrics were computed from, to check them
     print(json.dumps(callback.history))
     return callback.history
 

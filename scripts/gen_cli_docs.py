@@ -14,7 +14,8 @@ COMMANDS = [
     ["compare"], ["plot"],
     ["sandbox", "run"], ["sandbox", "capabilities"],
     ["tasks"], ["tasks", "list"], ["tasks", "show"], ["tasks", "validate"], ["calibration"],
-    ["llm"], ["llm", "init-tiny"], ["llm", "get-model"], ["llm", "warmup"], ["llm", "train"], ["llm", "eval"], ["llm", "compare"],
+    ["llm"], ["llm", "init-tiny"], ["llm", "get-model"], ["llm", "warmup"], ["llm", "train"], ["llm", "eval"], ["llm", "export"],
+    ["llm", "compare"],
 ]
 
 

@@ -253,3 +253,29 @@ def test_grpo_nan_loss_stops_the_run_and_skip_goes_on(tiny, tmp_path, monkeypatc
     assert [r["update"] for r in recs] == [1, 2, 3, 4]
     assert recs[1]["losses/optimizer_steps"] == 1 and recs[2]["losses/optimizer_steps"] == 0
     assert recs[3]["health/skipped"] == 2 and checkpoint_update(run2) == 4
+
+
+def test_llm_eval_writes_strict_json_where_a_value_is_not_finite(tmp_path, capsys, monkeypatch):
+    """``llm eval --json`` and ``--transcripts`` write null, never a bare NaN, where a value is not a number."""
+
+    from reflectrl.llm import evaluate as ev
+    from reflectrl.llm.tiny import init_tiny
+
+    model = init_tiny(tmp_path / "m", layers=1, width=16, heads=2, max_positions=64)
+    real = ev.evaluate
+
+    def with_nan(*a, **kw):
+        res = real(*a, **kw)
+        res["mean_score"] = float("nan")
+        for ep in res.get("episodes", []):
+            ep["infos"] = [{"confidence": float("nan")}]
+        return res
+
+    monkeypatch.setattr(ev, "evaluate", with_nan)
+    out = tmp_path / "t.jsonl"
+    assert main(["llm", "eval", str(model), "--task", "arith", "--limit", "2", "--json", "--transcripts", str(out),
+                 "--no-progress"]) == 0
+    refuse = lambda word: pytest.fail(f"not strict JSON: {word}")  # noqa: E731
+    assert json.loads(capsys.readouterr().out, parse_constant=refuse)["mean_score"] is None
+    rows = [json.loads(line, parse_constant=refuse) for line in out.read_text().splitlines()]
+    assert rows and all(r["infos"] == [{"confidence": None}] for r in rows)

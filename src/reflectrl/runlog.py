@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, ReflectRLError
+
+
+def strict(obj: Any) -> Any:
+    """``obj`` with every NaN and infinite float, in nested dicts, lists and tuples too, replaced by None: what
+    ``json.dumps`` then writes is strict JSON (a missing value is ``null``, never the bare ``NaN`` most readers
+    reject)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    return obj
+
+
+@contextlib.contextmanager
+def staged_folder(dst: str | Path) -> Iterator[Path]:
+    """A temporary sibling of ``dst`` to write into, moved into ``dst``'s place (replacing what was there) when the
+    block ends without an error: an interrupted write leaves the previous folder (or nothing), never a mix."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        yield tmp
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.replace(tmp, dst)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _clean(v: Any) -> Any:
@@ -117,9 +152,9 @@ def ensure_writable_file(path: str | Path, what: str) -> Path:
 
 
 def folder_kind(path: str | Path) -> str | None:
-    """What a folder holds, as far as reflectrl writes folders: ``"model"`` (a Hugging Face model folder),
-    ``"llm run"`` or ``"control run"`` (a run directory), ``"comparison"`` (``compare`` / ``llm compare``
-    output), or None (missing, empty, or anything else)."""
+    """What a folder holds, as far as reflectrl writes folders: ``"model"`` (a Hugging Face model folder, or a LoRA
+    adapter folder: a LoRA run's exported model), ``"llm run"`` or ``"control run"`` (a run directory),
+    ``"comparison"`` (``compare`` / ``llm compare`` output), or None (missing, empty, or anything else)."""
     p = Path(path)
     if not p.is_dir():
         return None
@@ -136,6 +171,8 @@ def folder_kind(path: str | Path) -> str | None:
                 return "model"
             if "env_id" in data:  # a control run from before the kind field
                 return "control run"
+    if (p / "adapter_config.json").is_file():
+        return "model"
     if (p / "runs").is_dir() and ((p / "report.md").is_file() or (p / "models").is_dir()):
         return "comparison"
     return None

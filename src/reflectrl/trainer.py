@@ -56,7 +56,8 @@ class RunOptions:
     threads: int = 1
     """torch CPU threads."""
     progress: bool = True
-    """Show a progress bar (on stderr)."""
+    """Show progress on stderr: a bar on a terminal, else a log line every 5% and at least every minute, with the
+    time left."""
     tensorboard: bool = True
     """Write TensorBoard events to RUN_DIR/tb."""
     track: bool = False
@@ -318,7 +319,8 @@ class Trainer:
         clock, start = Clock(), self.position
         try:
             bar_args = (self.total, cfg.progress and self.is_main, self.describe(), *self.bar_labels())
-            with frozen_heap(), StopRequests(self._interrupted_line) as stop, TrainProgress(*bar_args) as bar:
+            with (frozen_heap(), StopRequests(self._interrupted_line) as stop,
+                  TrainProgress(*bar_args, start=start) as bar):
                 while not self.finished:
                     self.current_update = self.update_idx + 1  # what finite() names (DQN counts at the end)
                     rec = self.iteration()

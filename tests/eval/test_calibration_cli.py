@@ -1,11 +1,14 @@
 """reflectrl calibration FILE.jsonl: the metrics of llm eval, reproduced from its own dumped rows; bad rows in one
-line each."""
+line each; a bare NaN (older files) read as missing; every count the rows a metric used, and no interval from too
+few of them."""
 
 import json
+import math
 
 import pytest
 
 from reflectrl.cli import main
+from reflectrl.cli.calibration import MIN_AUROC_CLASS_ROWS, MIN_INTERVAL_ROWS, calibration_table
 
 
 def test_it_reproduces_llm_eval_from_the_dumped_episodes(tmp_path, capsys):
@@ -40,9 +43,70 @@ def test_bad_rows_one_line_each(tmp_path, capsys):
     assert main(["calibration", str(f)]) == 2
     err = capsys.readouterr().err
     assert "3 bad rows" in err and "line 2:" in err and "line 3: no correctness" in err
-    assert "line 4: confidence out of range: 1.5" in err
+    assert "line 4: confidence must lie in [0, 1], got 1.5" in err
     assert main(["calibration", str(f), "--skip-bad", "--json", "--reps", "20"]) == 0
     cap = capsys.readouterr()
     assert cap.err.count("warning:") == 3
     res = json.loads(cap.out)
     assert res["rows"] == 2 and res["confidence_missing_rate"]["value"] == 0.5  # verl's -1: asked, not stated
+
+
+def test_a_report_of_the_wrong_type_is_a_type_error(tmp_path, capsys):
+    f = tmp_path / "rows.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in ({"correct": True, "confidence": "0.7"},
+                                                    {"correct": False, "reflection": [1]})) + "\n")
+    assert main(["calibration", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "line 1: confidence must be a number, got '0.7'" in err and "line 2: reflection must be a number, got [1]" \
+        in err and "range" not in err
+
+
+def test_a_bare_nan_of_an_older_file_is_a_missing_report(tmp_path, capsys):
+    f = tmp_path / "old.jsonl"
+    rows = [{"acc": 1.0, "reflection": math.nan, "confidence": 0.9}, {"acc": 0.0, "reflection": math.nan,
+                                                                      "confidence": math.nan}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "NaN" in f.read_text()  # what json.dumps wrote before the dumps were strict JSON
+    assert main(["calibration", str(f), "--json", "--reps", "20"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["rows"] == 2 and res["confidence_missing_rate"]["value"] == 0.5
+    assert res["reflection_missing_rate"]["value"] == 1.0 and res["reports"]["reflection"]["stated"] == 0
+
+
+def test_every_count_is_the_rows_the_metric_used(tmp_path, capsys):
+    """Five rows, three stated confidences and one reflection: the confidence metrics are over three, the missing
+    rates over five, the missing counts are shown apart, and no interval comes from so few rows."""
+    f = tmp_path / "rows.jsonl"
+    rows = [(1.0, None, 0.9), (0.0, None, 0.2), (0.0, 0, None), (0.0, None, 0.1), (1.0, None, None)]
+    f.write_text("".join(json.dumps({"acc": y, "reflection": r, "confidence": q}) + "\n" for y, r, q in rows))
+    assert main(["calibration", str(f), "--json", "--reps", "20"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["reports"] == {"reflection": {"asked": 5, "stated": 1, "missing": 4, "accuracy": 0.0},
+                              "confidence": {"asked": 5, "stated": 3, "missing": 2, "accuracy": pytest.approx(1 / 3)}}
+    assert [res[k]["n"] for k in ("ece", "auroc", "mean_confidence", "confidence_missing_rate")] == [3, 3, 3, 5]
+    assert res["task_accuracy"]["n"] == res["underconfidence"]["n"] == 1 and res["overconfidence"]["n"] == 0
+    assert res["auroc"]["value"] == 1.0 and res["auroc"]["ci"] is None
+    assert res["auroc"]["no_ci"] == f"interval needs >= {MIN_INTERVAL_ROWS} rows"
+    assert main(["calibration", str(f), "--reps", "20"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("5 rows; accuracy 0.400 over all 5 rows")
+    line = {ln.split()[0]: ln for ln in out[1:]}
+    assert line["confidence:"] == "  confidence: asked on 5 rows, stated on 3 (their accuracy 0.333), missing on 2"
+    assert line["auroc"].split()[1:] == ["1.000", "(interval", "needs", ">=", f"{MIN_INTERVAL_ROWS}", "rows)", "(n=3:",
+                                         "rows", "that", "stated", "a", "confidence)"]
+    assert line["task_accuracy"].split()[1] == "0.000" and "(n=1: rows that stated a reflection)" in line["task_accuracy"]
+    assert "(n=5: rows asked for a confidence)" in line["confidence_missing_rate"]
+    assert "overconfidence" not in line  # no row stated "solved": nothing to print
+
+
+def test_an_auroc_interval_needs_both_classes():
+    """Enough rows for every other interval, but too few wrong ones for AUROC's; enough of each, and it has one."""
+    few_wrong = [(1.0, None, 0.5 + 0.02 * i) for i in range(20)] + [(0.0, None, 0.3)] * (MIN_AUROC_CLASS_ROWS - 1)
+    res = calibration_table(few_wrong, reps=50)
+    assert res["ece"]["ci"] is not None and "no_ci" not in res["ece"]
+    assert res["auroc"]["ci"] is None and res["auroc"]["value"] == 1.0
+    assert res["auroc"]["no_ci"] == (f"interval needs >= {MIN_AUROC_CLASS_ROWS} right and >= {MIN_AUROC_CLASS_ROWS} "
+                                     "wrong rows")
+    res = calibration_table(few_wrong + [(0.0, None, 0.6)], reps=50)
+    lo, hi = res["auroc"]["ci"]
+    assert lo <= res["auroc"]["value"] <= hi and lo < 1.0

@@ -1,16 +1,19 @@
 """reflectrl inside TRL's GRPOTrainer: the example runs a few steps on the CPU, and the calibration it logs equals
-reflectrl.eval.calibration recomputed from the same completions; the reward functions against hand-worked values."""
+reflectrl.eval.calibration recomputed from the same completions; the completions it dumps are strict JSON that
+``reflectrl calibration`` reads back to the callback's numbers; the reward functions against hand-worked values."""
 
 import json
 import math
 import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 pytest.importorskip("trl")
 
+from reflectrl.cli import main as cli_main  # noqa: E402
 from reflectrl.eval.calibration import self_report_metrics  # noqa: E402
 from reflectrl.integrations import trl as R  # noqa: E402
 from reflectrl.tasks.base import get_task, parse_confidence  # noqa: E402
@@ -31,7 +34,7 @@ def confident_tiny(tmp_path_factory):
     return root / "warm"
 
 
-def test_the_example_logs_the_calibration_of_its_completions(confident_tiny, tmp_path):
+def test_the_example_logs_the_calibration_of_its_completions(confident_tiny, tmp_path, capsys):
     mod = runpy.run_path(str(ROOT / "examples" / "trl_rlcr.py"))
     history = mod["main"](["--model", str(confident_tiny), "--steps", "3", "--out", str(tmp_path)])
     assert [h["step"] for h in history] == [1, 2, 3]
@@ -55,6 +58,58 @@ def test_the_example_logs_the_calibration_of_its_completions(confident_tiny, tmp
     assert stated > 0  # the warmed-up model states confidences: the check is not of empty reports
     logged = [json.loads(line) for line in (tmp_path / "calibration.jsonl").read_text().splitlines()]
     assert logged == history
+    pooled = R.calibration_of(_strict_lines(tmp_path / "completions.jsonl"))  # every step's completions at once
+    assert cli_main(["calibration", str(tmp_path / "completions.jsonl"), "--json", "--reps", "20"]) == 0
+    cal = json.loads(capsys.readouterr().out.splitlines()[-1])  # after the example's and TRL's own lines
+    assert cal["rows"] == pooled["calibration/completions"] == 24
+    for key in ("accuracy", "ece", "auroc", "confidence_missing_rate"):
+        got = cal[key] if key == "accuracy" else cal[key]["value"]
+        assert got == pytest.approx(pooled[f"calibration/{key}"]) if f"calibration/{key}" in pooled else got is None
+
+
+def _strict_lines(path: Path) -> list[dict]:
+    """The rows of a JSONL file, failing on a bare NaN or Infinity (not JSON)."""
+    def refuse(word):
+        raise AssertionError(f"{path} holds {word}: not strict JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def test_reflectrl_calibration_reads_the_dump_back_to_the_callbacks_numbers(tmp_path, capsys):
+    """Completions scored by a reward with a log, kept by the callback and dumped with write_records (as the example
+    does): strict JSON with null for a report not stated, and ``reflectrl calibration`` gives the callback's metrics."""
+    task = get_task("arith")
+    problems = [p for p in task.problems("train") if p.meta["ops"] == ["+"]][:12]
+    completions, ids = [], []
+    for i, p in enumerate(problems):
+        answer = str(p.meta["value"] + (i % 3 == 0))  # every third one wrong
+        report = ("" if i % 4 == 1 else f"<confidence>{(0.9 if i % 3 else 0.3) - 0.01 * i:.2f}</confidence>") + \
+            ("<reflect>solved</reflect>" if i % 5 == 0 else "<reflect>unsolved</reflect>" if i % 5 == 1 else "")
+        completions += [answer + report, answer + "0" + report]  # and a wrong copy with the same reports: 24 in all
+        ids += [p.id, p.id]
+    log = R.RewardLog()
+    R.rlcr_reward("arith", log=log)(completions=completions, problem_id=ids)
+    callback = R.CalibrationCallback(log, keep=True)
+    callback.on_log(None, SimpleNamespace(global_step=1, log_history=[{}]), None, logs={})
+    records = callback.kept
+    assert any(math.isnan(r["confidence"]) for r in records) and any(math.isnan(r["reflection"]) for r in records)
+    dump = R.write_records(tmp_path / "completions.jsonl", records)
+    rows = _strict_lines(dump)
+    assert [r["confidence"] is None for r in rows] == [math.isnan(r["confidence"]) for r in records]
+    assert cli_main(["calibration", str(dump), "--json", "--reps", "20"]) == 0
+    cal = json.loads(capsys.readouterr().out)
+    want = callback.history[0]
+    assert cal["rows"] == want["calibration/completions"] == 24
+    assert cal["accuracy"] == pytest.approx(want["calibration/accuracy"])
+    keys = ("ece", "brier", "auroc", "mean_confidence", "confidence_missing_rate", "reflection_missing_rate",
+            "reflection_accuracy", "overconfidence", "underconfidence")
+    for key in keys:
+        assert cal[key]["value"] == pytest.approx(want[f"calibration/{key}"]), key
+    stated = sum(not math.isnan(r["confidence"]) for r in records)
+    assert cal["reports"]["confidence"] == {"asked": 24, "stated": stated, "missing": 24 - stated,
+                                            "accuracy": pytest.approx(np.mean([r["acc"] for r in records
+                                                                               if not math.isnan(r["confidence"])]))}
+    assert cal["ece"]["n"] == cal["auroc"]["n"] == stated < cal["confidence_missing_rate"]["n"] == 24
 
 
 def test_rewards_against_hand_worked_values():
@@ -103,3 +158,18 @@ def test_the_example_on_the_real_model(tmp_path):
     history = mod["main"](["--model", "smollm2-135m-instruct", "--lora-r", "16", "--steps", "1", "--out", str(tmp_path)])
     assert [h["step"] for h in history] == [1] and history[0]["calibration/completions"] == 8
     assert 0.0 <= history[0]["calibration/accuracy"] <= 1.0
+
+
+def test_the_reward_log_keeps_the_prompt_and_the_sampled_ids():
+    """Where TRL passes the prompts and the completions' token ids, the records keep them as given: the dump shows
+    what the model was asked and what it sampled, token for token."""
+    task = get_task("arith")
+    p = task.problems("train")[0]
+    prompt = [{"role": "user", "content": "What is 1 + 1?"}]
+    log = R.RewardLog()
+    R.rlcr_reward("arith", log=log)(prompts=[prompt, prompt], completions=["2", "3"], problem_id=[p.id, p.id],
+                                    completion_ids=[[17, 2], [18]])
+    rows = log.take()
+    assert [r["prompt"] for r in rows] == [prompt, prompt] and [r["completion_ids"] for r in rows] == [[17, 2], [18]]
+    R.rlcr_reward("arith", log=log)(completions=["2"], problem_id=[p.id])  # a caller that passes neither
+    assert "prompt" not in log.take()[0]

@@ -131,7 +131,9 @@ def test_a_rollout_assembles_the_conversation(tok):
     batch, _ = ro.run([problem], 1, torch.Generator().manual_seed(0))
     assert batch.correct.tolist() == [True] and batch.infos[0][-1]["confidence"] == 0.9
     row = _row_ids(batch)
-    result = batch.transcripts[0][2][1]
+    env = task.make_env()
+    env.reset(problem)
+    result = env.step(sql)[0]  # the database's reply to the query
     ask, prefill = CHAT_QUESTIONS["confidence"]
     messages = [{"role": "user", "content": chat_prompt(task, problem)}, {"role": "assistant", "content": sql},
                 {"role": "user", "content": result.strip()}, {"role": "assistant", "content": answer},
@@ -212,3 +214,69 @@ def test_warmup_demonstrations_are_conversations(tok):
     assert ids == template_ids(tok, messages)
     assert parse_report("confidence", said) is not None
     assert [s.kind for s in row.segments] == ["policy", "env", "policy", "env", "policy"]
+
+
+def _chat_model_dir(tok, folder):
+    policy = tiny_chat_policy(tok)
+    policy.model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _decodes_to_what_was_seen(tok, episode):
+    """A logged episode's transcript is the decoding of its ids, turn by turn, and its trained tokens are its own."""
+    ids = episode["prompt_ids"] + episode["response_ids"]
+    texts = [text for _, text in episode["transcript"]]
+    assert "".join(texts) == tok.decode(ids, skip_special_tokens=False)
+    assert texts[0] == tok.decode(episode["prompt_ids"], skip_special_tokens=False)
+    own = [t for t, m in zip(episode["response_ids"], episode["completion_mask"]) if m]
+    said = "".join(text for kind, text in episode["transcript"] if kind == "policy")
+    assert tok.decode(own, skip_special_tokens=False) == said
+    ask, prefill = CHAT_QUESTIONS["confidence"]
+    asked = [text for kind, text in episode["transcript"] if kind == "env"]
+    assert asked and ask in asked[-1] and asked[-1].endswith(prefill) and "(0-1)" not in asked[-1]
+
+
+def test_a_logged_chat_episode_is_what_the_engine_was_given(tok):
+    """The rollout's record of a chat episode with a confidence question: the ids the engine was given for its last
+    turn plus what it sampled are the logged ids, and the transcript is their decoding (the question in its chat
+    wording with its prefill, not the raw prompt's question)."""
+    from reflectrl.llm.rollout import exact_ids
+
+    policy = tiny_chat_policy(tok)
+    task = with_self_report(get_task("arith"), "confidence")
+    problem = task.problems("train")[0]
+    engine = Scripted(tok, policy.chat.end_of_turn, [["42"], [" 0.9"]])
+    ro = Rollout(policy, engine, task, max_new_tokens=8, max_turns=2, max_response_tokens=200, reward_workers=0)
+    batch, _ = ro.run([problem], 1, torch.Generator().manual_seed(0))
+    episode = {"transcript": batch.transcripts[0], **exact_ids(batch.to_records()[0])}
+    _decodes_to_what_was_seen(tok, episode)
+    given = engine.calls[-1][0][0]  # the context of the report turn, as the engine received it
+    assert episode["prompt_ids"] + episode["response_ids"] == list(given) + enc(tok, " 0.9") + [policy.chat.end_of_turn]
+    ro.close()
+
+
+def test_samples_and_eval_transcripts_log_what_the_model_saw(tok, tmp_path):
+    """samples.jsonl of a chat model's rlcr run and ``llm eval --transcripts`` hold strict JSON episodes whose
+    transcripts decode from their ids, the chat question and prefill included."""
+    import json
+
+    from reflectrl.algos import config_for_algo, get_algo
+    from reflectrl.cli import main
+
+    model = _chat_model_dir(tok, tmp_path / "m")
+    cfg = config_for_algo("rlcr", task="arith", model=str(model), run_dir=str(tmp_path / "run"), updates=1,
+                          prompts_per_update=2, group_size=2, max_new_tokens=3, progress=False, tensorboard=False,
+                          threads=1, reward_workers=0, sample_interval=1, export_model=False)
+    get_algo("llm", "rlcr").make(cfg).learn()
+    lines = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
+    assert lines
+    for line in lines:
+        _decodes_to_what_was_seen(tok, json.loads(line, parse_constant=lambda c: pytest.fail(f"not JSON: {c}")))
+    out = tmp_path / "eval.jsonl"
+    assert main(["llm", "eval", str(model), "--task", "arith", "--limit", "2", "--max-new-tokens", "3",
+                 "--self-report", "confidence", "--transcripts", str(out), "--json", "--no-progress"]) == 0
+    episodes = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(episodes) == 2
+    for episode in episodes:
+        _decodes_to_what_was_seen(tok, episode)

@@ -61,6 +61,29 @@ def test_resume_equals_uninterrupted(model_dir, tmp_path):
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
+def test_a_lora_run_exports_a_small_adapter_that_loads_as_the_trained_policy(model_dir, tmp_path):
+    """A LoRA run's model/ is its adapter (not a 517 MB merged model), naming the converted folder and the model's
+    name; loaded back (and merged by `llm export --merge`) it gives the trained policy's log-probs."""
+    from reflectrl.llm.export import export_run
+    from reflectrl.llm.policy import load_policy
+
+    trainer = GRPO(small(tmp_path, "lora", learning_rate=1e-3))
+    trainer.learn()
+    model = tmp_path / "lora" / "model"
+    assert sum(f.stat().st_size for f in model.iterdir()) < 20e6 and not (model / "model.safetensors").exists()
+    info = json.loads((model / "reflectrl_adapter.json").read_text())
+    assert info == {"base_model": str(model_dir.resolve()), "base_name": MODEL}
+    batch = trainer.last_batch
+    trainer.policy.eval()
+    merged = export_run(tmp_path / "lora", merge=True)
+    assert merged["format"] == "merged" and merged["bytes"] > 400e6
+    with torch.no_grad():
+        want = trainer.policy.forward_batch(batch).logp
+        for folder in (model, tmp_path / "lora" / "merged"):
+            got = load_policy(folder).forward_batch(batch).logp
+            assert torch.allclose(got, want, atol=1e-4), float((got - want).abs().max())
+
+
 @pytest.mark.parametrize("lora_r", [4, 0])
 @pytest.mark.parametrize("algo", ALGOS)
 def test_every_algo_trains_an_update(model_dir, tmp_path, algo, lora_r):

@@ -98,8 +98,8 @@ def test_eval_of_run_dir_uses_its_checkpoint(tiny_dir, tmp_path, capsys):
 
 
 def test_lora_policy_reference_heads_and_export(tiny_dir, tmp_path):
-    """LoRA trains only the adapter (and heads); the reference is the adapter-free base; the export
-    merges the adapter into a plain model directory that loads back with the heads."""
+    """LoRA trains only the adapter (and heads); the reference is the adapter-free base; the export is the adapter
+    (or, merged, a plain model directory), and either loads back as the trained policy with the heads."""
     from reflectrl.llm.batch import RowResult, Segment, build_batch
     from reflectrl.llm.policy import load_policy
 
@@ -118,5 +118,8 @@ def test_lora_policy_reference_heads_and_export(tiny_dir, tmp_path):
     with torch.no_grad():
         moved = pol.forward_batch(batch).logp
     assert not torch.allclose(moved, pol.ref_logprobs(batch))
-    back = load_policy(pol.save_pretrained(tmp_path / "export"))
-    assert "value" in back.heads and torch.allclose(back.forward_batch(batch).logp, moved, atol=1e-5)
+    for merge in (False, True):
+        out = pol.save_pretrained(tmp_path / f"export-{merge}", merge=merge)
+        assert (out / "config.json").is_file() == merge and (out / "adapter_config.json").is_file() != merge
+        back = load_policy(out)
+        assert "value" in back.heads and torch.allclose(back.forward_batch(batch).logp, moved, atol=1e-5)

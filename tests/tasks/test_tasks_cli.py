@@ -113,3 +113,16 @@ def test_show_opens_with_the_options_and_token_budgets(capsys):
     assert out[0] == "task arith: single-turn"
     assert out[1].startswith("options (--set KEY=VALUE): digits=2, ops='+-'")
     assert out[2] == "tokens per turn (--max-new-tokens default): 10 with raw prompts, 24 with a chat model"
+
+
+def test_show_prints_the_options_as_given(tmp_path, capsys):
+    """``--set`` values replace the defaults on the options line (a rag corpus and questions file, not None)."""
+    corpus, questions = tmp_path / "corpus.jsonl", tmp_path / "questions.jsonl"
+    corpus.write_text(json.dumps({"id": 1, "text": "Ada Lovelace was born in London."}) + "\n")
+    questions.write_text(json.dumps({"id": "q1", "question": "Where was Ada Lovelace born?", "answers": ["London"]})
+                         + "\n")
+    assert main(["show", "rag", "-n", "1", "--set", f"corpus={corpus}", "--set", f"questions={questions}",
+                 "--set", "k=3"]) == 0
+    options = capsys.readouterr().out.splitlines()[1]
+    assert f"corpus={str(corpus)!r}" in options and f"questions={str(questions)!r}" in options, options
+    assert "k=3," in options and "None" not in options

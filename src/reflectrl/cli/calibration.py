@@ -4,12 +4,16 @@ One JSON object per line, with a correctness and a reflection and/or a confidenc
 
 - correctness: ``correct`` (true/false or 1/0), else ``acc`` (verl's reward fields: 1.0 / 0.0);
 - ``reflection``: 1 (solved) / 0 (unsolved); ``confidence``: a number in [0, 1]; null or -1 (verl's "missing")
-  when the report was asked for but not stated. A row of ``reflectrl llm eval --transcripts`` carries them in its
-  last ``infos`` entry, with ``self_report`` saying which was asked.
+  when the report was asked for but not stated (so is a bare ``NaN``, which files written before reflectrl wrote
+  strict JSON hold). A row of ``reflectrl llm eval --transcripts`` carries them in its last ``infos`` entry, with
+  ``self_report`` saying which was asked.
 
 A report counts as asked on a row that has its field (or whose ``self_report`` names it): a missing one counts in
 its missing rate. The metrics are :func:`reflectrl.eval.calibration.self_report_metrics`, with percentile bootstrap
 intervals over rows; ``--out DIR`` also writes the reliability diagram and the risk-coverage curve of the confidences.
+Each metric comes with the rows it is computed from (``n``, and what they are: a missing rate is over the rows that
+were asked, every other metric over the rows that stated the report), and an interval only where those rows are
+enough (:data:`MIN_INTERVAL_ROWS`, :data:`MIN_AUROC_CLASS_ROWS`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,18 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+
+MIN_INTERVAL_ROWS = 10
+"""Fewest rows a bootstrap interval is given from. Below it most resamples repeat the same few rows, and the
+percentile interval says little or nothing (three agreeing rows give ``[1.000, 1.000]``): the value is printed alone,
+with ``interval needs >= 10 rows``."""
+
+MIN_AUROC_CLASS_ROWS = 5
+"""Fewest right and fewest wrong rows (among those that stated a confidence) an AUROC interval is given from. AUROC
+needs both classes in a resample; with c rows of a class among n, about e^-c of the resamples lack it (5% at c = 3,
+under 1% at c = 5) and are dropped, which biases the interval."""
+
+_REPORTS = (("reflection", "a reflection"), ("confidence", "a confidence"))
 
 
 def _number(v: Any) -> float | None:
@@ -45,8 +61,8 @@ def parse_row(obj: Any) -> tuple[float, float | None, float | None]:
     src = {**last, **{k: v for k, v in obj.items() if k in ("correct", "acc", "reflection", "confidence", "self_report")}}
     y = _correctness(src)
     asked = src.get("self_report")
-    refl = _report(src, "reflection", asked == "reflect", lambda v: v in (0.0, 1.0))
-    conf = _report(src, "confidence", asked == "confidence", lambda v: 0.0 <= v <= 1.0)
+    refl = _report(src, "reflection", asked == "reflect", lambda v: v in (0.0, 1.0), "be 1 (solved) or 0 (unsolved)")
+    conf = _report(src, "confidence", asked == "confidence", lambda v: 0.0 <= v <= 1.0, "lie in [0, 1]")
     if refl is None and conf is None:
         raise ValueError("neither a reflection nor a confidence (nor a self_report naming one)")
     return y, refl, conf
@@ -63,16 +79,21 @@ def _correctness(src: dict[str, Any]) -> float:
     raise ValueError("no correctness: give correct (true/false) or acc (1/0)")
 
 
-def _report(src: dict[str, Any], key: str, asked: bool, ok: Callable[[float], bool]) -> float | None:
-    """One report of a row: None when not asked (nor given), NaN when asked and not stated, else its value."""
+def _report(src: dict[str, Any], key: str, asked: bool, ok: Callable[[float], bool], form: str) -> float | None:
+    """One report of a row: None when not asked (nor given), NaN when asked and not stated (null, -1 or a bare NaN),
+    else its value; ValueError for a value that is not a number (``form`` says which numbers are allowed)."""
     if key not in src and not asked:
         return None
     raw = src.get(key)
-    v = None if raw is None else _number(raw)
-    if raw is None or v == -1.0:
-        return math.nan  # asked, not stated
-    if v is None or not ok(v):
-        raise ValueError(f"{key} out of range: {raw!r}")
+    if raw is None or (isinstance(raw, float) and math.isnan(raw)):
+        return math.nan  # asked, not stated (null; a bare NaN in files written before strict JSON)
+    if not isinstance(raw, (bool, int, float)):
+        raise ValueError(f"{key} must be a number, got {raw!r}")
+    v = float(raw)
+    if v == -1.0:
+        return math.nan  # verl's "not stated"
+    if not (math.isfinite(v) and ok(v)):
+        raise ValueError(f"{key} must {form}, got {raw!r}")
     return v
 
 
@@ -99,31 +120,91 @@ def read_rows(path: Path, skip_bad: bool = False) -> tuple[list[tuple[float, flo
     return rows, bad
 
 
+def _rows_used(name: str, noun: str, v: np.ndarray) -> tuple[int, str]:
+    """How many of the rows asked for a report (its values ``v``, NaN where not stated) metric ``name`` is computed
+    from, and which rows they are."""
+    if name.endswith("_missing_rate"):
+        return v.size, f"rows asked for {noun}"
+    if name == "underconfidence":
+        return int(np.sum(v == 0.0)), "rows that stated unsolved"
+    if name in ("overconfidence", "selective_accuracy"):
+        return int(np.sum(v == 1.0)), "rows that stated solved"
+    return int(np.sum(~np.isnan(v))), f"rows that stated {noun}"
+
+
+def _interval_refused(name: str, n: int, y: np.ndarray, v: np.ndarray) -> str | None:
+    """Why metric ``name`` gets no interval from its ``n`` rows (outcomes ``y``, reports ``v``), or None."""
+    if n < MIN_INTERVAL_ROWS:
+        return f"interval needs >= {MIN_INTERVAL_ROWS} rows"
+    if name == "auroc":
+        outcomes = y[~np.isnan(v)]
+        if min(int(outcomes.sum()), int(outcomes.size - outcomes.sum())) < MIN_AUROC_CLASS_ROWS:
+            return f"interval needs >= {MIN_AUROC_CLASS_ROWS} right and >= {MIN_AUROC_CLASS_ROWS} wrong rows"
+    return None
+
+
 def calibration_table(rows: list[tuple[float, float | None, float | None]], reps: int = 1000,
                       seed: int = 0) -> dict[str, Any]:
     """The metrics of the rows: reflection metrics over the rows where a reflection was asked, confidence metrics
-    over those where a confidence was, with 95% percentile bootstrap intervals (rows resampled)."""
+    over those where a confidence was, with 95% percentile bootstrap intervals (rows resampled).
+
+    ``accuracy`` is over every row; ``reports`` gives per report the rows ``asked``, ``stated`` and ``missing`` and
+    the ``accuracy`` of the stated ones. Each metric is ``{"value", "ci", "n", "over", "report"}``: ``n`` rows, the
+    ones ``over`` names, went into it; ``ci`` is None where no interval is given, with ``no_ci`` saying why when those
+    rows are too few (:data:`MIN_INTERVAL_ROWS`, :data:`MIN_AUROC_CLASS_ROWS`)."""
     from ..eval.calibration import self_report_metrics
 
     y = np.array([r[0] for r in rows])
-    out: dict[str, Any] = {"rows": len(rows), "accuracy": float(y.mean())}
+    out: dict[str, Any] = {"rows": len(rows), "accuracy": float(y.mean()), "reports": {}}
     rng = np.random.default_rng(seed)
-    for idx, key in ((1, "reflection"), (2, "confidence")):
+    for idx, (key, noun) in enumerate(_REPORTS, 1):
         keep = [i for i, r in enumerate(rows) if r[idx] is not None]
         if not keep:
             continue
         yy = y[keep]
         vv = np.array([rows[i][idx] for i in keep], float)
+        stated = ~np.isnan(vv)
+        out["reports"][key] = {"asked": len(keep), "stated": int(stated.sum()), "missing": int((~stated).sum()),
+                               "accuracy": float(yy[stated].mean()) if stated.any() else None}
         metrics = self_report_metrics(yy, vv if key == "reflection" else None, vv if key == "confidence" else None)
         metrics.pop("accuracy", None)
         boots = [self_report_metrics(yy[s], *((vv[s], None) if key == "reflection" else (None, vv[s])))
-                 for s in (rng.integers(0, len(keep), len(keep)) for _ in range(reps))]
+                 for s in (rng.integers(0, len(keep), len(keep)) for _ in range(reps))] \
+            if len(keep) >= MIN_INTERVAL_ROWS else []
         for name, value in metrics.items():
-            samples = np.array([b.get(name, math.nan) for b in boots], float)
-            samples = samples[np.isfinite(samples)]
-            ci = [float(np.percentile(samples, 2.5)), float(np.percentile(samples, 97.5))] if samples.size else None
-            out[name] = {"value": None if not math.isfinite(value) else float(value), "ci": ci, "n": len(keep)}
+            n, over = _rows_used(name, noun, vv)
+            cell: dict[str, Any] = {"value": None if not math.isfinite(value) else float(value), "ci": None, "n": n,
+                                    "over": over, "report": key}
+            refused = _interval_refused(name, n, yy, vv)
+            if refused:
+                cell["no_ci"] = refused
+            else:
+                samples = np.array([b.get(name, math.nan) for b in boots], float)
+                samples = samples[np.isfinite(samples)]
+                if samples.size:
+                    cell["ci"] = [float(np.percentile(samples, 2.5)), float(np.percentile(samples, 97.5))]
+            out[name] = cell
     return out
+
+
+def format_table(table: dict[str, Any], name: str) -> list[str]:
+    """The lines ``reflectrl calibration`` prints for a :func:`calibration_table` of file ``name``: the accuracy over
+    every row, then per report the rows asked, stated and missing, and each metric with its interval (or why there
+    is none) and the rows it is over; a metric no row went into is left out."""
+    rows = table["rows"]
+    lines = [f"{name}: {rows} rows; accuracy {table['accuracy']:.3f} over all {rows} rows"]
+    for key, rep in table["reports"].items():
+        acc = "" if rep["accuracy"] is None else f" (their accuracy {rep['accuracy']:.3f})"
+        lines.append(f"  {key}: asked on {rep['asked']} rows, stated on {rep['stated']}{acc}, missing on "
+                     f"{rep['missing']}")
+        for metric, cell in table.items():
+            if not (isinstance(cell, dict) and cell.get("report") == key) or (cell["value"] is None and not cell["n"]):
+                continue
+            value = "n/a" if cell["value"] is None else f"{cell['value']:.3f}"
+            ci = "" if cell["value"] is None else (f" [{cell['ci'][0]:.3f}, {cell['ci'][1]:.3f}]" if cell["ci"] else
+                                                   f" ({cell['no_ci']})" if cell.get("no_ci") else "")
+            lines.append(f"    {metric:<24} {value}{ci}  (n={cell['n']}: {cell['over']})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,12 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(table))
         return 0
-    print(f"{a.file}: {table['rows']} rows, accuracy {table['accuracy']:.3f}")
-    for name, cell in table.items():
-        if isinstance(cell, dict):
-            ci = f" [{cell['ci'][0]:.3f}, {cell['ci'][1]:.3f}]" if cell["ci"] else ""
-            value = "n/a" if cell["value"] is None else f"{cell['value']:.3f}"
-            print(f"  {name:<24} {value}{ci}  (n={cell['n']})")
+    print("\n".join(format_table(table, str(a.file))))
     for path in table.get("figures", []):
         print(f"  wrote {path}")
     return 0

@@ -1,4 +1,4 @@
-"""``reflectrl llm``: init-tiny, warmup, train (GRPO family), eval.
+"""``reflectrl llm``: init-tiny, get-model, warmup, train (GRPO family), eval, export, compare.
 
 Every error a user can cause ends in one ``error: ...`` line on stderr and exit status 2.
 """
@@ -13,7 +13,8 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError
-from .util import check_device, check_seed, run_command
+from ..runlog import strict
+from .util import check_device, check_seed, print_json, run_command
 
 USAGE = """usage: reflectrl llm COMMAND [ARGS]
 
@@ -23,6 +24,7 @@ commands:
   warmup     supervised fine-tuning on a task's demonstrations
   train      RL on a verifiable task: --algo {algos} (--resume RUN_DIR continues a run)
   eval       held-out accuracy (Wilson interval) or pass@k of a model or run directory; --self-report adds calibration
+  export     a run's latest checkpoint as a model folder: a LoRA run's adapter, or (--merge) a full Hugging Face model
   compare    methods x tasks x seeds from shared tiny models: report.md, curves.png, reliability diagrams
 """
 
@@ -92,7 +94,7 @@ def cmd_warmup(argv: list[str]) -> int:
                                                                        ("--task-options", cfg.task_options)))
     check_seed(cfg.seed)
     check_device(cfg.device)
-    print(json.dumps({k: v for k, v in warmup(cfg).items() if k != "config"}))
+    print_json({k: v for k, v in warmup(cfg).items() if k != "config"})
     return 0
 
 
@@ -174,11 +176,11 @@ def cmd_eval(argv: list[str]) -> int:
         Path(a.transcripts).parent.mkdir(parents=True, exist_ok=True)
         with open(a.transcripts, "w") as fh:
             for ep in episodes or []:
-                fh.write(json.dumps(ep) + "\n")
+                fh.write(json.dumps(strict(ep)) + "\n")
     for line in report_warnings(res):
         print(f"warning: {line}", file=sys.stderr)
     if a.json:
-        print(json.dumps(res))
+        print_json(res)
     else:
         lo, hi = res["ci"]
         extra = "".join(f", {k} {v:.3f}" for k, v in res.items() if k.startswith("pass@") and not k.endswith("_ci"))
@@ -193,7 +195,8 @@ def _eval_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reflectrl llm eval", description="Accuracy of a model directory or of an LLM "
                                  "run directory's latest checkpoint: greedy with a Wilson interval, or pass@k.")
     ap.add_argument("model_or_run_dir",
-                    help="Hugging Face model directory, or a run directory of `reflectrl llm train`")
+                    help="Hugging Face model directory (or a LoRA run's adapter folder, RUN_DIR/model), or a run "
+                         "directory of `reflectrl llm train` (its latest checkpoint)")
     ap.add_argument("--task", default=None, help="task name (default: the run's task)")
     ap.add_argument("--split", default="heldout", help="problem split (default heldout)")
     ap.add_argument("--samples", type=int, default=0, help="k of pass@k: sample instead of greedy decoding")
@@ -223,7 +226,10 @@ def _eval_parser() -> argparse.ArgumentParser:
     ap.add_argument("--transcripts", default=None, metavar="FILE",
                     help="write every episode (problem id, correct, the environment's infos, the transcript) to FILE "
                          "as JSON lines")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar (on stderr, with the time left)")
+    ap.add_argument("--no-progress", action="store_true",
+                    help="no progress on stderr (a bar with the time left on a terminal, else a log line every 5%% and "
+                         "at least every minute) and no line suggesting --limit for an evaluation projected to take "
+                         "over ten minutes")
     return ap
 
 
@@ -276,6 +282,29 @@ def report_warnings(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def cmd_export(argv: list[str]) -> int:
+    from ..llm.export import export_run
+
+    ap = argparse.ArgumentParser(prog="reflectrl llm export", description="Write the latest checkpoint of a run of "
+                                 "`reflectrl llm train` as a model folder and print one JSON object (out, format, "
+                                 "bytes, base_model). A LoRA run gives its adapter alone (peft's files and a note naming "
+                                 "the base model), which every reflectrl command loads as a model; --merge gives a full "
+                                 "Hugging Face model directory that AutoModelForCausalLM.from_pretrained loads. A full "
+                                 "fine-tuning run gives its whole model either way.")
+    ap.add_argument("run_dir", help="a run directory of `reflectrl llm train`")
+    ap.add_argument("--out", default=None, metavar="DIR",
+                    help="directory to write (default: RUN_DIR/model, which is replaced; with --merge on a LoRA run "
+                         "RUN_DIR/merged)")
+    ap.add_argument("--merge", action="store_true",
+                    help="merge a LoRA adapter into the base weights and write a full Hugging Face model directory")
+    ap.add_argument("--model", default=None, metavar="PATH",
+                    help="the run's base model, where it has moved since the run (default: the path in its config.json)")
+    ap.add_argument("--force", action="store_true", help="replace what --out DIR holds when it is not empty")
+    a = ap.parse_args(argv)
+    print(json.dumps(export_run(a.run_dir, a.out, merge=a.merge, model=a.model, force=a.force)))
+    return 0
+
+
 def cmd_compare(argv: list[str]) -> int:
     from ..experiments.llm_compare import main as compare_main
 
@@ -283,7 +312,7 @@ def cmd_compare(argv: list[str]) -> int:
 
 
 COMMANDS = {"init-tiny": cmd_init_tiny, "get-model": cmd_get_model, "warmup": cmd_warmup, "train": cmd_train, "eval": cmd_eval,
-            "compare": cmd_compare}
+            "export": cmd_export, "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

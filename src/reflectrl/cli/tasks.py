@@ -93,16 +93,19 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def task_info(name: str, task: Any) -> list[str]:
-    """The lines ``tasks show`` opens with: the options (``--set KEY=VALUE``) and their defaults, the token budgets
-    of a turn (raw prompts; chat models), the turns and the stop sequences."""
+def task_info(name: str, task: Any, options: dict[str, Any] | None = None) -> list[str]:
+    """The lines ``tasks show`` opens with: the options (``--set KEY=VALUE``), each with its value in ``options`` (the
+    parsed ``--set`` values) or else its default, the token budgets of a turn (raw prompts; chat models), the turns
+    and the stop sequences."""
     factory = load_tasks()[name]
     try:
         params = [p for p in inspect.signature(factory).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD
                   or p.kind is p.KEYWORD_ONLY]
     except (TypeError, ValueError):
         params = []
-    opts = ", ".join(f"{p.name}={p.default!r}" if p.default is not p.empty else p.name for p in params
+    given = options or {}
+    opts = ", ".join(f"{p.name}={given[p.name]!r}" if p.name in given else
+                     f"{p.name}={p.default!r}" if p.default is not p.empty else p.name for p in params
                      if p.name != "workers")
     raw, chat = getattr(task, "max_new_tokens", None), getattr(task, "chat_max_new_tokens", None)
     turns = getattr(task, "max_turns", 1) if getattr(task, "multi_turn", False) else 1
@@ -114,9 +117,10 @@ def task_info(name: str, task: Any) -> list[str]:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    task = _task(args.name, parse_options(args.set))
+    options = parse_options(args.set)
+    task = _task(args.name, options)
     if not args.json:
-        print("\n".join(task_info(args.name, task)))
+        print("\n".join(task_info(args.name, task, options)))
     for problem in task.problems(args.split)[: args.n]:
         if args.json:
             print(json.dumps({"id": problem.id, "prompt": problem.prompt, "demonstration": task.demonstration(problem),

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..runlog import strict
 
 SEED_MAX = 2**63 - 1  # reflectrl.trainer.SEED_MAX (not imported: keeps the CLI's start light)
 
@@ -165,25 +166,12 @@ def resume_from_cli(run_dir: str, rest: list[str], kind: str, algo: str | None, 
     return resume(run_dir, extra.budget, **overrides)
 
 
-def _strict(obj: Any) -> Any:
-    """``obj`` with NaN and inf floats replaced by None (strict JSON)."""
-    import math
-
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strict(v) for v in obj]
-    return obj
-
-
 def print_json(obj: Any) -> None:
     """One line of strict JSON on stdout (NaN and inf become null; a closed pipe is not an error)."""
     import sys
 
     try:
-        print(json.dumps(_strict(obj)), flush=True)
+        print(json.dumps(strict(obj)), flush=True)
     except BrokenPipeError:
         sys.stdout = None  # type: ignore[assignment]
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..runlog import strict
 from .rundata import read_json
 
 CHECKPOINT = "checkpoint.safetensors"  # reflectrl.trainer.CHECKPOINT (not imported: keeps this module light)
@@ -183,7 +184,7 @@ def _last_json(text: str) -> dict[str, Any] | None:
 
 def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.write_text(json.dumps(strict(obj), indent=2))
     tmp.replace(path)
 
 

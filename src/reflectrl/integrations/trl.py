@@ -26,7 +26,8 @@ as reflectrl's own trainer and its verl rewards use:
 
 A :class:`RewardLog` given to one of them records every completion's outcome and self-reports; the
 :class:`CalibrationCallback` turns the records of each logging window into ``calibration/*`` metrics
-(:func:`reflectrl.eval.calibration.self_report_metrics`) and a collapse alarm.
+(:func:`reflectrl.eval.calibration.self_report_metrics`) and a collapse alarm. :func:`write_records` writes records
+as strict JSON lines (a report not stated is ``null``), the rows ``reflectrl calibration`` reads.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import json
 import math
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +46,7 @@ from ..errors import ConfigError
 from ..methods.rewards import RLCR_FORMAT_PENALTY, brier_term
 from ..methods.rewards import reflection_bonus as _reflection_bonus
 from ..methods.rewards import rlcr_reward as _rlcr_reward
+from ..runlog import strict
 from ..tasks.base import SPLITS, Problem, chat_prompt, parse_confidence, parse_reflection, score_all, split_problems
 from .verl_rewards import task_instance as _task
 
@@ -119,33 +122,39 @@ class _TaskReward:
             raise ConfigError(f"problem id {pid!r} is not a problem of task {self.task.name!r}: build the dataset "
                               "with reflectrl.integrations.trl.task_dataset") from None
 
-    def parts(self, completions: Sequence[Any], problem_id: Sequence[Any]) -> list[dict[str, float]]:
+    def parts(self, completions: Sequence[Any], problem_id: Sequence[Any], prompts: Sequence[Any] | None = None,
+              completion_ids: Sequence[Sequence[int]] | None = None) -> list[dict[str, Any]]:
         """Per completion: ``outcome`` (the task's score), ``acc`` (1 for a full score), ``reflection`` and
-        ``confidence`` (NaN where not stated); recorded in the log when there is one."""
+        ``confidence`` (NaN where not stated); recorded in the log when there is one, with the prompt as the trainer
+        gave it and the completion's token ids as sampled (where TRL passes them)."""
         texts = [completion_text(c) for c in completions]
         problems = [self._problem(pid) for pid in problem_id]
         scores = score_all(self.task, problems, texts)
-        rows = []
-        for p, t, s in zip(problems, texts, scores):
+        rows: list[dict[str, Any]] = []
+        for i, (p, t, s) in enumerate(zip(problems, texts, scores)):
             r, q = parse_reflection(t), parse_confidence(t)
             rows.append({"problem_id": p.id, "completion": t, "outcome": float(s), "acc": 1.0 if float(s) >= 1.0 else 0.0,
                          "reflection": math.nan if r is None else float(r),
                          "confidence": math.nan if q is None else float(q)})
+            if prompts is not None and i < len(prompts):
+                rows[-1]["prompt"] = prompts[i]
+            if completion_ids is not None and i < len(completion_ids):
+                rows[-1]["completion_ids"] = [int(x) for x in completion_ids[i]]
         if self.log is not None:
             self.log.add(rows)
         return rows
 
-    def value(self, rows: list[dict[str, float]]) -> list[float]:
+    def value(self, rows: list[dict[str, Any]]) -> list[float]:
         raise NotImplementedError
 
     def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), problem_id: Sequence[Any] = (),
                  **kwargs: Any) -> list[float]:
         if len(problem_id) != len(completions):
             raise ConfigError("a reflectrl reward needs the dataset's problem_id column (task_dataset writes it)")
-        return self.value(self.parts(completions, problem_id))
+        return self.value(self.parts(completions, problem_id, prompts, kwargs.get("completion_ids")))
 
 
-def _vec(rows: list[dict[str, float]], key: str) -> torch.Tensor:
+def _vec(rows: list[dict[str, Any]], key: str) -> torch.Tensor:
     return torch.tensor([r[key] for r in rows], dtype=torch.float64)
 
 
@@ -154,7 +163,7 @@ class outcome_reward(_TaskReward):  # noqa: N801 - a function to its users
 
     name = "reflectrl_outcome"
 
-    def value(self, rows: list[dict[str, float]]) -> list[float]:
+    def value(self, rows: list[dict[str, Any]]) -> list[float]:
         return [r["outcome"] for r in rows]
 
 
@@ -168,7 +177,7 @@ class rlcr_reward(_TaskReward):  # noqa: N801
         super().__init__(task, task_options, log)
         self.format_penalty = float(format_penalty)
 
-    def value(self, rows: list[dict[str, float]]) -> list[float]:
+    def value(self, rows: list[dict[str, Any]]) -> list[float]:
         return _rlcr_reward(_vec(rows, "acc"), _vec(rows, "confidence"), self.format_penalty).tolist()
 
 
@@ -177,7 +186,7 @@ class brier_reward(_TaskReward):  # noqa: N801
 
     name = "reflectrl_brier"
 
-    def value(self, rows: list[dict[str, float]]) -> list[float]:
+    def value(self, rows: list[dict[str, Any]]) -> list[float]:
         return brier_term(_vec(rows, "acc"), _vec(rows, "confidence")).tolist()
 
 
@@ -193,7 +202,7 @@ class reflection_reward(_TaskReward):  # noqa: N801
             raise ConfigError(f"the reflection bonus c must be >= 0, got {c!r}")
         self.c = float(c)
 
-    def value(self, rows: list[dict[str, float]]) -> list[float]:
+    def value(self, rows: list[dict[str, Any]]) -> list[float]:
         return _reflection_bonus(_vec(rows, "acc"), _vec(rows, "reflection"), self.c).tolist()
 
 
@@ -209,7 +218,7 @@ class format_reward(_TaskReward):  # noqa: N801
             raise ConfigError(f"format_reward's kind must be reflect or confidence, got {kind!r}")
         self.key = "reflection" if kind == "reflect" else "confidence"
 
-    def value(self, rows: list[dict[str, float]]) -> list[float]:
+    def value(self, rows: list[dict[str, Any]]) -> list[float]:
         return [0.0 if math.isnan(r[self.key]) else 1.0 for r in rows]
 
 
@@ -275,13 +284,23 @@ class CalibrationCallback(_trainer_callback_base()):  # type: ignore[misc]
         self.history.append({"step": step, **metrics})
         if self.jsonl:
             with open(self.jsonl, "a") as fh:
-                fh.write(json.dumps({"step": step, **metrics}) + "\n")
+                fh.write(json.dumps({"step": step, **metrics}) + "\n")  # finite: calibration_of drops NaN
         if metrics.get("calibration/collapse"):
             import warnings
 
             message = (f"step {step}: every stated self-report is the same while answers are right and wrong: the "
                        "reports no longer discriminate (calibration/collapse)")
             (self._warn or (lambda m: warnings.warn(m, stacklevel=2)))(message)
+
+
+def write_records(path: str | Path, records: Sequence[dict[str, Any]]) -> Path:
+    """Write records (a :class:`RewardLog`'s, or a :class:`CalibrationCallback`'s ``kept``) to ``path``, one strict
+    JSON object per line: a report not stated (NaN in memory) is ``null``, which ``reflectrl calibration`` reads as
+    missing."""
+    out = Path(path)
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(strict(r), allow_nan=False) + "\n" for r in records)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ helpers

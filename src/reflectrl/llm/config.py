@@ -185,7 +185,8 @@ class GRPOConfig(RunOptions):
     samples_per_log: int = 4
     """Completions written each time."""
     export_model: bool = True
-    """Write the final policy as a Hugging Face model directory RUN_DIR/model."""
+    """Write the final policy into RUN_DIR/model: a LoRA run's adapter alone (``reflectrl llm export RUN_DIR --merge``
+    writes it merged), else the full Hugging Face model directory."""
 
     budget_field = "updates"
 

@@ -7,8 +7,8 @@ bootstrap over problems.
 
 from __future__ import annotations
 
+import contextlib
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,10 @@ from ..errors import ConfigError, ReflectRLError
 from ..tasks.base import SPLITS, Problem, Task, get_task
 from .config import response_budget
 from .engines import make_engine
+from .eval_progress import EvalMeter
 from .models import base_model_of
 from .policy import Policy, load_policy
-from .rollout import Rollout
+from .rollout import Rollout, exact_ids
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -53,7 +54,8 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
                     max_response_tokens: int | None = None, limit: int | None = None, gen_batch: int = 128,
                     seed: int = 0, confidence: float = 0.95, engine: str = "torch",
                     self_report: str | None = None, per_problem: bool = False,
-                    transcripts: bool = False, progress: bool = False) -> dict[str, Any]:
+                    transcripts: bool = False, progress: bool = False, meter: EvalMeter | None = None
+                    ) -> dict[str, Any]:
     """Accuracy of ``policy`` on ``task``'s ``split``: greedy when ``samples == 0``; otherwise ``n``
     (default ``samples``) sampled completions per problem give pass@1 (as ``accuracy``) and pass@``samples``.
 
@@ -65,14 +67,18 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     adds ``per_problem``: each problem's share of right completions, in the split's order (greedy: 0 or 1).
     ``transcripts`` adds ``episodes``: per rollout, in the split's order, its problem id, ``correct``, the
     environment's per-step ``infos`` and the ``transcript`` (``(kind, text)`` turns). ``progress``: a bar with the
-    time left on stderr."""
+    time left on stderr (log lines where stderr is not a terminal), and a line suggesting ``--limit`` when the
+    evaluation is projected to be long (:class:`~reflectrl.llm.eval_progress.EvalMeter`; ``meter``: the one of a
+    larger evaluation this is a pass of)."""
+    title = f"eval {getattr(task, 'name', '')} {split}" + (f" ({self_report})" if self_report not in (None, "off") else "")
     if self_report == "both":
-        out = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
-                              max_response_tokens, limit, gen_batch, seed, confidence, engine, "reflect", per_problem,
-                              transcripts, progress)
-        conf = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
-                               max_response_tokens, limit, gen_batch, seed, confidence, engine, "confidence",
-                               transcripts=transcripts, progress=progress)
+        with EvalMeter(len(_eval_problems(task, split, samples, n, limit)), 2, progress, title) as both:
+            out = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
+                                  max_response_tokens, limit, gen_batch, seed, confidence, engine, "reflect",
+                                  per_problem, transcripts, progress, meter=both)
+            conf = evaluate_policy(policy, task, split, samples, n, temperature, max_new_tokens, max_turns,
+                                   max_response_tokens, limit, gen_batch, seed, confidence, engine, "confidence",
+                                   transcripts=transcripts, progress=progress, meter=both)
         return _merge_reports(out, conf, transcripts)
     task, max_turns, max_response_tokens = _with_report_turn(task, self_report, max_turns, max_response_tokens)
     problems = _eval_problems(task, split, samples, n, limit)
@@ -80,12 +86,14 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     turns = max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
     greedy = samples == 0
     per = 1 if greedy else (n or samples)
-    ro = Rollout(policy, make_engine(engine, policy, temperature), task, max_new_tokens, turns,
+    own = meter is None
+    meter = meter if meter is not None else EvalMeter(len(problems), 1, progress, title)
+    ro = Rollout(policy, meter.engine(make_engine(engine, policy, temperature)), task, max_new_tokens, turns,
                  max_response_tokens or response_budget(max_new_tokens, turns, multi, policy.chat is not None),
                  gen_batch, reward_workers=4)
-    title = f"eval {getattr(task, 'name', '')} {split}" + (f" ({self_report})" if self_report not in (None, "off") else "")
-    r = _roll_out(policy, ro, problems, per, greedy, torch.Generator().manual_seed(seed), gen_batch, transcripts,
-                  progress, title)
+    with meter if own else contextlib.nullcontext():
+        r = _roll_out(policy, ro, problems, per, greedy, torch.Generator().manual_seed(seed), gen_batch, transcripts,
+                      meter)
     out: dict[str, Any] = {"task": getattr(task, "name", None), "split": split, "n": len(problems),
                            "ci_level": confidence, "mean_score": float(r.scores.mean())}
     if self_report not in (None, "off"):
@@ -150,32 +158,27 @@ class _Rollouts:
 
 
 def _roll_out(policy: Policy, ro: Rollout, problems: list[Problem], per: int, greedy: bool, gen: torch.Generator,
-              gen_batch: int, transcripts: bool, progress: bool, title: str) -> _Rollouts:
-    """``per`` episodes of every problem, in chunks, with the policy in eval mode and a progress bar."""
-    from ..progress import TrainProgress
-
+              gen_batch: int, transcripts: bool, meter: EvalMeter) -> _Rollouts:
+    """``per`` episodes of every problem, in chunks, with the policy in eval mode, each chunk told to ``meter``."""
     was_training = policy.training
     policy.eval()
     r = _Rollouts(np.zeros((len(problems), per), dtype=bool), np.zeros((len(problems), per)))
-    bar = TrainProgress(len(problems), progress, title, "problems/s", "accuracy")
-    t0 = time.perf_counter()
     try:
-        bar.__enter__()
         step = max(1, gen_batch // per) * 4
         for s in range(0, len(problems), step):
             chunk = problems[s:s + step]
+            meter.chunk(len(chunk), len(chunk) * per, ro.max_turns)
             batch, _ = ro.run(chunk, per, gen, greedy=greedy)
             r.correct[s:s + len(chunk)] = batch.correct.numpy().reshape(len(chunk), per)
             r.scores[s:s + len(chunk)] = batch.scores.numpy().reshape(len(chunk), per)
             r.finals += [(rows[-1] if rows else {}) for rows in batch.infos]
             r.episodes += [(rows, bool(c)) for rows, c in zip(batch.infos, batch.correct.tolist())]
             if transcripts:
-                r.kept += [{"problem": p.id, "correct": bool(c), "infos": rows, "transcript": tr} for p, rows, tr, c in
-                           zip(batch.problems, batch.infos, batch.transcripts, batch.correct.tolist())]
-            done = s + len(chunk)
-            bar.update(done, done / max(time.perf_counter() - t0, 1e-9), float(r.correct[:done].mean()))
+                r.kept += [{"problem": p.id, "correct": bool(c), "infos": rows, "transcript": tr, **exact_ids(rec)}
+                           for p, rows, tr, c, rec in zip(batch.problems, batch.infos, batch.transcripts,
+                                                          batch.correct.tolist(), batch.to_records())]
+            meter.done(float(r.correct[:s + len(chunk)].mean()))
     finally:
-        bar.__exit__(None, None, None)
         ro.close()
         policy.train(was_training)
     return r
@@ -259,6 +262,7 @@ def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None
     (default: the path in its config.json)."""
     from ..trainer import CHECKPOINT, read_config_json, run_kind
     from .config import is_llm_run_dir
+    from .folders import is_model_dir
 
     p = Path(path)
     if (p / "config.json").is_file() and (p / CHECKPOINT).is_file() and run_kind(read_config_json(p)) == "control":
@@ -268,9 +272,9 @@ def load_for_eval(path: str | Path, device: str = "cpu", chat: str | None = None
     if model is not None:
         raise ConfigError(f"--model gives a run's moved base model; {p} is not an LLM run directory (evaluate a "
                           "model folder by passing it as the first argument)")
-    if p.is_dir() and not (p / "model.safetensors").exists() and (p / "model" / "config.json").is_file():
+    if p.is_dir() and not (p / "model.safetensors").exists() and is_model_dir(p / "model"):
         p = p / "model"  # a run directory without a checkpoint but with its exported model
-    if p.is_dir() and not (p / "config.json").is_file():
+    if p.is_dir() and not is_model_dir(p):
         raise ReflectRLError(f"{p} is neither a model directory nor an LLM run directory (no config.json)")
     return load_policy(str(path) if not p.exists() else str(p), device=device, chat=chat or "auto"), {}
 

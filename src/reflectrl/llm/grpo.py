@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,7 +28,8 @@ from ..contract.base import MethodRunner, StepBatch, apply_shaping, last_turn_to
 from ..contract.hooks import Hook, check_provided
 from ..core import adv_est_requires, get_adv_est
 from ..errors import ConfigError
-from ..tasks.base import Problem, absolute_option_paths, get_task
+from ..runlog import strict
+from ..tasks.base import Problem, absolute_option_paths, chat_prompt, get_task
 from ..tasks.selfreport import SelfReportTask, with_self_report
 from ..trainer import Clock, Trainer, default_run_dir
 from .batch import ENGINE_LOGP, REPLAYED, TokenBatch
@@ -46,7 +48,7 @@ from .episodes import (
 )
 from .models import base_model_of, record_model, uses_chat
 from .policy import load_policy
-from .rollout import Rollout, RolloutStats
+from .rollout import Rollout, RolloutStats, exact_ids
 from .update import REPORT_ENTROPY, ROW_ID, VALUE_HEAD, PolicyUpdate
 
 
@@ -118,6 +120,7 @@ class GRPO(PolicyUpdate, Trainer):
         self._load_policy(device, methods)
         if self.dist.active:
             self._check_distributed()
+        self._fit_memory()
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=cfg.learning_rate,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay, foreach=True)
@@ -183,6 +186,17 @@ class GRPO(PolicyUpdate, Trainer):
         for h in self.hooks:
             h.setup(self)
         check_provided(self.hooks, [(r.name, k) for r in self.methods for k in r.reads])
+
+    def _fit_memory(self) -> None:
+        """Estimate an update's peak memory before any work (:mod:`reflectrl.llm.memory`): at the default split,
+        micro-batches that fit (said in one line); a given split that does not fit is refused."""
+        from .memory import fit_update
+
+        self.prompt_lengths = [len(self.policy.encode_prompt(chat_prompt(self.task, p) if self.policy.chat is not None
+                                                             else p.prompt)) for p in self.train_problems[:256]]
+        self.cfg, note = fit_update(self.cfg, self.policy, self.prompt_lengths)
+        if note and self.is_main:
+            print(note, file=sys.stderr, flush=True)
 
     def _build_rollout(self) -> None:
         """The generation engine and the rollout over the task's turns."""
@@ -454,12 +468,13 @@ class GRPO(PolicyUpdate, Trainer):
     def log_samples(self, batch: TokenBatch, path: Path) -> None:
         """Append the first completion of the first ``samples_per_log`` groups to samples.jsonl."""
         firsts = [i for i in range(batch.rows) if i == 0 or int(batch.index[i]) != int(batch.index[i - 1])]
+        firsts = firsts[:self.cfg.samples_per_log]
         with open(path, "a") as fh:
-            for i in firsts[:self.cfg.samples_per_log]:
-                fh.write(json.dumps({"update": self.update_idx, "problem_id": batch.problems[i].id,
-                                     "transcript": batch.transcripts[i], "score": float(batch.scores[i]),
-                                     "reward": float(trained_reward(batch)[i]),
-                                     "correct": bool(batch.correct[i])}) + "\n")
+            for i, rec in zip(firsts, batch.to_records(firsts)):
+                fh.write(json.dumps(strict({"update": self.update_idx, "problem_id": batch.problems[i].id,
+                                            "transcript": batch.transcripts[i], "score": float(batch.scores[i]),
+                                            "reward": float(trained_reward(batch)[i]),
+                                            "correct": bool(batch.correct[i]), **exact_ids(rec)})) + "\n")
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy on the first ``eval_problems`` problems of ``eval_split``."""
@@ -517,8 +532,12 @@ class GRPO(PolicyUpdate, Trainer):
         self.dist.close()
 
     def finalize(self) -> None:
+        """Export the policy into ``RUN/model``: a LoRA run's adapter (naming its base model), else the full model
+        (:func:`~reflectrl.llm.export.export_policy`; ``reflectrl llm export RUN --merge`` merges an adapter)."""
         if self.cfg.export_model and self.is_main:
-            self.policy.save_pretrained(self.run_dir / "model")
+            from .export import export_policy
+
+            export_policy(self.policy, self.run_dir / "model", base_name=self.cfg.model_name)
 
     def summary(self, clock: Clock, start: int) -> dict[str, Any]:
         rec = getattr(self, "_last_rec", {})

@@ -20,14 +20,13 @@ import importlib.util
 import io
 import json
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ReflectRLError
+from ..runlog import staged_folder
 
 MODEL_INFO = "reflectrl_model.json"
 """Written into a converted model directory: its source file, that file's SHA-256 and what was checked."""
@@ -149,21 +148,13 @@ def convert_gguf(gguf: str | Path, out: str | Path, force: bool = False) -> Path
     model.generation_config = loaded.generation_config
     del loaded
     model.eval()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
+    with staged_folder(dst) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         checks = _check_written(model, tok, tmp)
         info = {"source": str(src), "sha256": _sha256(src), "architecture": arch, "dtype": "float32",
                 "note": "dequantized from the GGUF file; not the original unquantized weights", **checks}
         (tmp / MODEL_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        if dst.exists():
-            shutil.rmtree(dst)
-        os.replace(tmp, dst)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return dst
 
 
@@ -235,6 +226,44 @@ def base_model_of(recorded: str, name: str) -> str:
     return recorded
 
 
+def given_name(model: str) -> str:
+    """The name a model was given as, where it is not a folder: a named model, or a GGUF file (absolute); else
+    empty."""
+    if model in NAMED_MODELS:
+        return model
+    if is_gguf(model) and not Path(model).expanduser().is_dir():
+        return str(Path(model).expanduser().resolve())
+    return ""
+
+
+def adapter_base(folder: str | Path) -> str:
+    """What to load as the base model of a LoRA adapter folder (:mod:`reflectrl.llm.folders`): its recorded folder
+    where it still exists, else the name it was given (converted again into the cache); one clear error where neither
+    is there."""
+    from ..runlog import folder_kind
+    from .folders import adapter_info
+
+    p = Path(folder)
+    info = adapter_info(p)
+    base = base_model_of(str(info["base_model"]), str(info.get("base_name") or ""))
+    if Path(base).is_absolute() and not Path(base).exists():
+        run = p.parent
+        fix = (f"write it again with `reflectrl llm export {run} --model PATH`, or evaluate the run with "
+               f"`reflectrl llm eval {run} --model PATH`" if folder_kind(run) == "llm run" else
+               "put the base model back, or load it and apply the adapter with peft")
+        raise ReflectRLError(f"{p} is a LoRA adapter on {base}, which does not exist (moved?): {fix}")
+    return base
+
+
+def config_source(src: str) -> str:
+    """The folder that holds the model config of ``src``: itself, or for an adapter folder its base's (and so on)."""
+    from .folders import is_adapter_dir
+
+    while is_adapter_dir(src):
+        src = resolve_source(resolve_model(adapter_base(src)))
+    return src
+
+
 def quiet_transformers() -> None:
     """Silence transformers' progress bars and info logs (a CLI prints its own progress)."""
     import warnings
@@ -248,22 +277,23 @@ def quiet_transformers() -> None:
 
 
 def resolve_source(path: str) -> str:
-    """A local model directory (a run directory's exported ``model/``), or a hub id when the path does not exist
-    locally and looks like one (``owner/name``) while the hub is reachable; else one clear error."""
+    """A local model directory or LoRA adapter folder (a run directory's exported ``model/``), or a hub id when the
+    path does not exist locally and looks like one (``owner/name``) while the hub is reachable; else one clear error
+    (a run directory with no exported model: why it has none)."""
     from ..runlog import folder_kind
+    from .folders import is_model_dir, no_export_reason
 
     p = Path(path).expanduser()
     if p.exists():
         kind = folder_kind(p)
         if kind == "llm run":
-            if (p / "model" / "config.json").is_file():
+            if is_model_dir(p / "model"):
                 return str(p / "model")  # the run's exported policy
-            raise ReflectRLError(f"{p} is an LLM run directory without an exported model yet: pass a model folder, "
-                                 f"or evaluate the run's checkpoint with `reflectrl llm eval {p}`")
+            raise ReflectRLError(no_export_reason(p))
         if kind in ("control run", "comparison"):
             raise ReflectRLError(f"{p} holds a {kind}, not a language model: pass a model folder, a named model or "
                                  "a .gguf file")
-        if not (p / "config.json").is_file():
+        if not is_model_dir(p):
             raise ReflectRLError(f"{p} is not a Hugging Face model directory (no config.json); create one with "
                                  "`reflectrl llm init-tiny DIR` or pass a model directory")
         return str(p)
@@ -330,7 +360,7 @@ def profile_of(path: str, lora: bool) -> ModelProfile:
     quiet_transformers()
     src = resolve_source(resolve_model(path))
     try:
-        config = AutoConfig.from_pretrained(src)
+        config = AutoConfig.from_pretrained(config_source(src))
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ReflectRLError(f"cannot read the model config of {src}: {first}") from None

@@ -54,6 +54,10 @@ class Policy(nn.Module):
         self._ref = [ref_model]  # a list keeps the frozen copy out of parameters() and state_dict()
         self.use_adapter_as_ref = use_adapter_as_ref
         self.source = source
+        self.base_folder = ""
+        """The model folder this policy was loaded from, absolute (what a LoRA adapter export names as its base)."""
+        self.base_name = ""
+        """The name that folder was given as: a named model or a GGUF file, else empty."""
         self._cache_kw = _cache_kwarg(model)
         self._lean: tuple[nn.Module, nn.Module | None] | None = None  # (the model, its checked lean-step base)
         self.attention: Literal["padded", "causal", "shared-prompt"] = "padded"
@@ -313,16 +317,40 @@ class Policy(nn.Module):
             for k, v in state.items():
                 own[k].copy_(v)
 
-    def save_pretrained(self, out_dir: str | Path) -> Path:
-        """Write a standard Hugging Face model directory (LoRA merged into the weights) and the heads."""
+    def save_pretrained(self, out_dir: str | Path, merge: bool = False, base_name: str | None = None) -> Path:
+        """Write the policy and its heads into ``out_dir``: for a LoRA policy (unless ``merge``) the adapter alone,
+        with :data:`~reflectrl.llm.folders.ADAPTER_INFO` and its ``adapter_config.json`` naming the base model by
+        its absolute folder (:attr:`base_folder`, and ``base_name``: default :attr:`base_name`); else a standard
+        Hugging Face model directory (LoRA merged into the weights). The files of the other kind are removed; the
+        tokenizer is written either way. :func:`load_policy` loads both."""
+        import json
+
         from safetensors.torch import save_file
+
+        from .folders import ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_INFO, FULL_FILES
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         model = self.model
-        if hasattr(model, "merge_and_unload"):
-            model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(out)
+        adapter = hasattr(model, "merge_and_unload") and not merge
+        for stale in [*(FULL_FILES if adapter else ADAPTER_FILES), HEADS_FILE]:
+            (out / stale).unlink(missing_ok=True)
+        for shard in out.glob("model-*-of-*.safetensors"):
+            shard.unlink()
+        if adapter:
+            model.save_pretrained(out)
+            (out / "README.md").unlink(missing_ok=True)  # peft's empty model card
+            base = self.base_folder or str(model.peft_config["default"].base_model_name_or_path or "")
+            cfg = json.loads((out / ADAPTER_CONFIG).read_text())
+            cfg["base_model_name_or_path"] = base  # peft alone finds the base from any folder
+            (out / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+            name = self.base_name if base_name is None else base_name
+            (out / ADAPTER_INFO).write_text(json.dumps({"base_model": base, "base_name": name or None}, indent=2)
+                                            + "\n")
+        else:
+            if hasattr(model, "merge_and_unload"):
+                model = copy.deepcopy(model).merge_and_unload()
+            model.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
         if len(self.heads):
             save_file({k: v.contiguous() for k, v in self.heads.state_dict().items()}, str(out / HEADS_FILE),
@@ -351,9 +379,8 @@ def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dr
 
     ``lora_r > 0`` wraps the model in a PEFT LoRA adapter (only the adapter trains); ``ref=True`` keeps
     a frozen reference (the adapter-free base under LoRA, otherwise a copy of the initial weights).
-    Heads saved next to the model (``reflectrl_heads.safetensors``) are attached again."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    Heads saved next to the model (``reflectrl_heads.safetensors``) are attached again. A LoRA adapter folder (a
+    LoRA run's ``model/``) loads as its base model with the adapter merged in (:mod:`reflectrl.llm.folders`)."""
     from .models import quiet_transformers
 
     quiet_transformers()
@@ -362,15 +389,10 @@ def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dr
     if lora_r < 0:
         raise ConfigError(f"lora_r must be >= 0 (0 trains every weight), got {lora_r}")
     from .chat import chat_format
-    from .models import resolve_model, resolve_source
+    from .models import given_name, resolve_model, resolve_source
 
     src = resolve_source(resolve_model(str(path)))
-    try:
-        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ReflectRLError(f"cannot load a causal LM and tokenizer from {src}: {first}") from None
+    model, tok, plain = _load_model_and_tokenizer(src, DTYPES[dtype], trust_remote_code)
     if savable:
         _check_savable(model, src)
     if tok.pad_token_id is None:
@@ -389,11 +411,58 @@ def load_policy(path: str | Path, lora_r: int = 0, lora_alpha: int = 16, lora_dr
                                                  target_modules=targets, task_type="CAUSAL_LM"))
     elif ref:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    policy = Policy(model, tok, ref_model, use_adapter_as_ref=ref and lora_r > 0, source=str(path), chat=fmt)
+    policy = Policy(model, tok, ref_model, use_adapter_as_ref=ref and lora_r > 0,
+                    source=str(path) if plain == src else plain, chat=fmt)
+    policy.base_folder = str(Path(src).resolve()) if Path(src).exists() else src
+    policy.base_name = given_name(str(path))
     heads_file = Path(src) / HEADS_FILE
     if heads_file.is_file():
         _load_heads(policy, heads_file)
     return policy
+
+
+def load_lm(src: str, dtype: torch.dtype, trust_remote_code: bool = False) -> tuple[nn.Module, str]:
+    """The causal LM of a model directory (or hub id) ``src``, and the plain model directory its weights start from:
+    ``src`` itself, or for a LoRA adapter folder its base (loaded the same way, so a base that is an adapter folder
+    too works) with the adapter merged in."""
+    from transformers import AutoModelForCausalLM
+
+    from .folders import is_adapter_dir
+    from .models import adapter_base, resolve_model, resolve_source
+
+    if not is_adapter_dir(src):
+        return AutoModelForCausalLM.from_pretrained(src, dtype=dtype, trust_remote_code=trust_remote_code), src
+    base_src = resolve_source(resolve_model(adapter_base(src)))
+    base, plain = load_lm(base_src, dtype, trust_remote_code)
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ConfigError(f"{src} holds a LoRA adapter; loading it needs peft: pip install 'reflectrl[llm]'") from None
+    try:
+        model = PeftModel.from_pretrained(base, src).merge_and_unload().requires_grad_(True)  # as a loaded model
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ReflectRLError(f"cannot apply the LoRA adapter in {src} to its base model {base_src}: {first}") from None
+    return model, plain
+
+
+def _load_model_and_tokenizer(src: str, dtype: torch.dtype, trust_remote_code: bool) -> tuple[nn.Module, Any, str]:
+    """:func:`load_lm` of ``src`` and its tokenizer (an adapter folder saved without one: its base's), with the plain
+    model directory the weights start from; one clear error when either cannot be loaded."""
+    from transformers import AutoTokenizer
+
+    from .folders import is_adapter_dir
+
+    try:
+        model, plain = load_lm(src, dtype, trust_remote_code)
+        tok_src = src if not is_adapter_dir(src) or (Path(src) / "tokenizer_config.json").is_file() else plain
+        tok = AutoTokenizer.from_pretrained(tok_src, trust_remote_code=trust_remote_code)
+    except ReflectRLError:
+        raise
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ReflectRLError(f"cannot load a causal LM and tokenizer from {src}: {first}") from None
+    return model, tok, plain
 
 
 def _check_savable(model: nn.Module, src: str) -> None:

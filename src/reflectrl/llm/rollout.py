@@ -68,6 +68,14 @@ def decode_batch(tok: Any, seqs: Sequence[Sequence[int]]) -> list[str]:
     return tok.batch_decode(seqs, skip_special_tokens=False)
 
 
+def exact_ids(record: dict[str, Any]) -> dict[str, Any]:
+    """The token ids of a logged episode (of :meth:`TokenBatch.to_records`): the prompt the model was given, the
+    response (its own turns and the environment's replies, prefills included) and which response tokens are its own
+    (the ones trained)."""
+    return {"prompt_ids": record["prompt_ids"], "response_ids": record["response_ids"],
+            "completion_mask": [int(x) for x in record["completion_mask"]]}
+
+
 def single_token_stops(tok: Any, stops: Sequence[str]) -> list[int]:
     """Ids of the stop sequences that are a single token (the sampler ends rows on them directly)."""
     out = []
@@ -201,7 +209,7 @@ class Rollout:
             if text not in encoded:
                 encoded[text] = list(self.encode_prompt(text))
             row.prompt_ids = encoded[text]
-            row.transcript.append(("prompt", text))
+            row.transcript.append(("prompt", self._shown(row.prompt_ids, text)))
         last: tuple[list, int] | None = None
         for turn in range(self.max_turns):
             active = [r for r in rows if not r.done]
@@ -261,7 +269,7 @@ class Rollout:
                 ids, text, stopped = self._finish_completion(ids, body, text)
                 row.last_logp = None if lp is None else [float(x) for x in lp[:len(ids)]]
                 done.append((row, ids, budget, stopped, text))
-                row.transcript.append(("policy", text))
+                row.transcript.append(("policy", self._shown(ids, text)))
             futures = self._score_chunk([(d[0], d[-1]) for d in done], stats)
             pending += [(row, ids, budget, stopped, f) for (row, ids, budget, stopped, _), f in zip(done, futures)]
         return pending
@@ -289,7 +297,13 @@ class Rollout:
             if fb:
                 row.segments.append(Segment(fb, "env", turn))
                 row.used += len(fb)
-                row.transcript.append(("env", feedback))
+                row.transcript.append(("env", self._shown(fb, feedback)))
+
+    def _shown(self, ids: list[int], text: str) -> str:
+        """A turn as the transcript records it: with a chat model the decoding of the exact ids the model was given
+        or sampled (the template's markers, the question asked in its chat wording and its prefill, the end-of-turn
+        token), so that a transcript shows what the model saw; with raw prompts the text that was encoded."""
+        return text if self.chat is None else decode_batch(self.policy.tokenizer, [ids])[0]
 
     def _encode_feedback(self, text: str, closed: bool = True) -> list[int]:
         """``encode_feedback(text)``, remembered: a reply is encoded on its own, so its ids never depend on the

@@ -20,6 +20,7 @@ import torch
 
 from ..errors import ConfigError, ReflectRLError
 from ..progress import TrainProgress
+from ..runlog import strict
 from ..tasks.base import Problem, get_task, parse_options
 from .batch import RowResult, Segment, build_batch
 from .policy import load_policy
@@ -308,5 +309,5 @@ def warmup(cfg: WarmupConfig) -> dict[str, Any]:
     summary = {"out": str(out_dir), "steps": step, "final_loss": sum(losses[-10:]) / len(losses[-10:]),
                "train_accuracy": acc if acc is not None else check(), "wall_s": time.perf_counter() - t0,
                "config": dataclasses.asdict(cfg)}
-    (Path(cfg.out) / "warmup.json").write_text(json.dumps(summary, indent=2))
+    (Path(cfg.out) / "warmup.json").write_text(json.dumps(strict(summary), indent=2))
     return summary

@@ -6,7 +6,7 @@ process's measured peak resident memory; the estimate should be above the measur
 wasteful.
 
     python benchmarks/memory_estimate.py --json-out benchmarks/results/memory_estimate.json   # ~12 CPU-minutes
-    python benchmarks/memory_estimate.py --render benchmarks/results/memory_estimate.json
+    python benchmarks/memory_estimate.py --render memory_estimate.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from resultio import main
+from resultio import main, results_file
 
 GIB = 1 << 30
 SETTINGS: dict[str, list[str]] = {
@@ -79,7 +79,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
 def render(files: list[str]) -> str:
     lines = []
     for f in files:
-        res = json.loads(Path(f).read_text())
+        res = json.loads(results_file(f).read_text())
         lines += [f"One update of {res['model']} (LoRA {res['lora_r']}, {res['task']}), one thread: the trainer's "
                   "estimate of its peak memory against the process's measured peak resident memory.", "",
                   "| setting | micro-batches | rows x width | estimated peak (GiB) | measured peak (GiB) | "

@@ -40,7 +40,7 @@ def test_a_plan_by_hand():
     assert plan.phases["no-grad pass"] == pytest.approx(128 * 200 * (150 / 190) * 3.5 * m.logit_row())
     train = 128 * 200 * (m.train_token(True) + (150 / 190) * 6.5 * m.logit_row()) + 4 * 1000 * 4
     assert plan.phases["training"] == pytest.approx(train)
-    assert plan.peak == pytest.approx(GIB + 1.15 * (plan.phases["no-grad pass"] + train))
+    assert plan.peak == pytest.approx(GIB + 1.3 * (plan.phases["no-grad pass"] + train))
     assert plan.peak > 70 * GIB  # the README's rlcr command at its old defaults: no machine of 24 GiB held it
     # packed micro-batches of 2000 tokens: the training pass and the no-grad pass shrink, generation does not
     packed = plan_memory(m, UpdateShape(128, 50, 40, 150, 64, 1, 1, 2000), 1000, True, GIB)

@@ -179,3 +179,44 @@ def test_the_lean_decoding_step_on_the_real_model(model_dir, tmp_path):
 
     assert torch.equal(a.extras[ENGINE_LOGP], b.extras[ENGINE_LOGP])
     trainer.rollout.close()
+
+
+def test_a_named_model_run_stopped_by_sigint_resumes_from_another_folder(model_dir, tmp_path):
+    """``--model smollm2-135m-instruct`` from the command line, stopped with SIGINT after 2 updates, resumes from
+    another working folder to the run that never stopped (its config records the converted folder and the name)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    flags = ["llm", "train", "--task", "arith", "--model", MODEL, "--lora-r", "4", "--prompts-per-update", "2",
+             "--group-size", "2", "--max-new-tokens", "6", "--updates", "6", "--seed", "3", "--threads", "1",
+             "--no-progress", "--no-tensorboard", "--no-export-model", "--sample-interval", "1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "reflectrl.cli", *flags, "--run-dir", "cut"], cwd=tmp_path / "a",
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics = tmp_path / "a" / "cut" / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130 and "--resume" in err.strip().splitlines()[-1], err
+    cfg = json.loads((tmp_path / "a" / "cut" / "config.json").read_text())
+    assert cfg["model"] == str(model_dir) and cfg["model_name"] == MODEL
+    resumed = subprocess.run([sys.executable, "-m", "reflectrl.cli", "llm", "train", "--resume", "../a/cut",
+                              "--no-progress"], cwd=tmp_path / "b", env=env, text=True, capture_output=True)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = subprocess.run([sys.executable, "-m", "reflectrl.cli", *flags, "--run-dir", "whole"], cwd=tmp_path / "b",
+                           env=env, text=True, capture_output=True)
+    assert whole.returncode == 0, whole.stderr
+    a = behaviour(read_metrics(tmp_path / "a" / "cut" / "metrics.jsonl"))
+    b = behaviour(read_metrics(tmp_path / "b" / "whole" / "metrics.jsonl"))
+    assert len(a) == 6 and a == b
+    assert (tmp_path / "a" / "cut" / "samples.jsonl").read_text() == (tmp_path / "b" / "whole" / "samples.jsonl").read_text()

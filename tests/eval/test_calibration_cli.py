@@ -9,6 +9,9 @@ import pytest
 
 from reflectrl.cli import main
 from reflectrl.cli.calibration import MIN_AUROC_CLASS_ROWS, MIN_INTERVAL_ROWS, calibration_table
+from reflectrl.eval import uncertainty
+from reflectrl.eval.calibration import selective_accuracies, transfer_threshold
+from reflectrl.eval.uncertainty import auroc_interval
 
 
 def test_it_reproduces_llm_eval_from_the_dumped_episodes(tmp_path, capsys):
@@ -31,8 +34,24 @@ def test_it_reproduces_llm_eval_from_the_dumped_episodes(tmp_path, capsys):
             assert cal.get(key) is None or cal[key]["value"] is None, key
         else:
             assert cal[key]["value"] == pytest.approx(ev[key]), key
+    for c in (0.5, 0.8, 1.0):  # the selective accuracies, a missing confidence abstaining in both
+        key = f"selective_accuracy@{c}"
+        assert cal[key]["value"] == (None if ev[key] is None else pytest.approx(ev[key])), key
+    assert cal["auroc"]["ci_delong"] == (None if ev["auroc_ci"] is None else pytest.approx(ev["auroc_ci"]))
     assert ev["ece"] is not None and ev["reflection_accuracy"] is not None  # the model states both reports
     assert (tmp_path / "fig" / "reliability.png").is_file() and (tmp_path / "fig" / "risk_coverage.png").is_file()
+    # docs/calibration.md's abstention threshold: picked on one evaluation's dump (the train problems stand in for the
+    # validation split, which one-digit arith lacks), applied to another's; the same as from the two --json reports
+    held = tmp_path / "heldout.jsonl"
+    assert main(["llm", "eval", str(tmp_path / "w"), "--split", "heldout", "--self-report",
+                 "confidence", "--json", "--no-progress", "--transcripts", str(held)]) == 0
+    ho = json.loads(capsys.readouterr().out)
+    assert main(["calibration", str(held), "--validation", str(dump), "--target-coverage", "0.5", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["abstention"]
+    want = transfer_threshold(ev["reports"]["confidence"], ev["reports"]["correct"], ho["reports"]["confidence"],
+                              ho["reports"]["correct"], coverage=0.5)
+    assert got["threshold"] == want["threshold"] and got["rows"] == ho["n"] and got["validation"]["rows"] == 40
+    assert (got["coverage"], got["accuracy"]) == pytest.approx((want["coverage"], want["accuracy"]), nan_ok=True)
 
 
 def test_bad_rows_one_line_each(tmp_path, capsys):
@@ -110,3 +129,70 @@ def test_an_auroc_interval_needs_both_classes():
     res = calibration_table(few_wrong + [(0.0, None, 0.6)], reps=50)
     lo, hi = res["auroc"]["ci"]
     assert lo <= res["auroc"]["value"] <= hi and lo < 1.0
+
+
+def test_one_definition_of_the_minimum_counts():
+    assert (MIN_INTERVAL_ROWS, MIN_AUROC_CLASS_ROWS) == (uncertainty.MIN_INTERVAL_ROWS, uncertainty.MIN_AUROC_CLASS_ROWS)
+
+
+def test_delong_beside_the_bootstrap_and_the_selective_accuracies(tmp_path, capsys):
+    """AUROC's DeLong interval is given where the bootstrap's is, by the same rule; the selective accuracies are over
+    the rows asked for a confidence (a missing one abstaining), with bootstrap intervals."""
+    rows = [(1.0, None, 0.5 + 0.02 * i) for i in range(20)] + [(0.0, None, 0.3)] * MIN_AUROC_CLASS_ROWS + \
+        [(0.0, None, 0.6), (1.0, None, math.nan)]
+    q, y = [r[2] for r in rows], [r[0] for r in rows]
+    res = calibration_table(rows, reps=200)
+    assert res["auroc"]["ci_delong"] == pytest.approx(list(auroc_interval(q, y).ci))
+    assert res["auroc"]["ci"] is not None and res["auroc"]["ci_delong"] != pytest.approx(res["auroc"]["ci"])
+    want = selective_accuracies(q, y)
+    for c in (0.5, 0.8):
+        cell = res[f"selective_accuracy@{c}"]
+        assert cell["value"] == pytest.approx(want[f"selective_accuracy@{c}"])
+        assert cell["n"] == 27 and cell["over"] == "rows asked for a confidence, a missing one abstaining"
+        assert cell["ci"][0] <= cell["value"] <= cell["ci"][1]
+    assert res["selective_accuracy@1.0"]["value"] is None and res["selective_accuracy@1.0"]["ci"] is None
+    refused = calibration_table(rows[:20] + rows[21:25], reps=50)  # four wrong rows: neither AUROC interval
+    assert refused["auroc"]["ci"] is None and refused["auroc"]["ci_delong"] is None and refused["auroc"]["no_ci"]
+    f = tmp_path / "rows.jsonl"
+    f.write_text("".join(json.dumps({"acc": a, "confidence": c}) + "\n" for a, _, c in rows))
+    assert main(["calibration", str(f), "--reps", "200"]) == 0
+    line = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()[1:]}
+    lo, hi = res["auroc"]["ci_delong"]
+    assert f", DeLong [{lo:.3f}, {hi:.3f}]  (n=26: rows that stated a confidence)" in line["auroc"]
+    assert line["selective_accuracy@1.0"].split()[1:3] == ["n/a", "(n=27:"]
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps({"correct": y, "confidence": q}) + "\n" for q, y in rows))
+    return path
+
+
+def test_an_abstention_threshold_from_validation_rows(tmp_path, capsys):
+    # validation: q >= 0.8 answers 3 of 6 rows (coverage 0.5, 2 right); the row without a confidence abstains
+    val = _jsonl(tmp_path / "val.jsonl", [(0.9, 1), (0.8, 0), (0.8, 1), (0.5, 1), (None, 0), (0.2, 0)])
+    # held out: 0.95 (right) and 0.8 (wrong) reach 0.8, 0.79 does not: coverage 2/5, accuracy 1/2
+    test = _jsonl(tmp_path / "test.jsonl", [(0.95, 1), (0.8, 0), (0.79, 1), (None, 1), (0.1, 0)])
+    assert main(["calibration", str(test), "--validation", str(val), "--target-coverage", "0.5", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["abstention"]
+    assert got == {"validation_file": str(val), "target": {"coverage": 0.5}, "threshold": 0.8, "coverage": 0.4,
+                   "accuracy": 0.5, "answered": 2, "rows": 5,
+                   "validation": {"coverage": 0.5, "accuracy": pytest.approx(2 / 3), "answered": 3, "rows": 6}}
+    assert main(["calibration", str(test), "--validation", str(val), "--target-accuracy", "0.75"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3:] == ["  abstention: answer when confidence >= 0.500, picked on the validation rows for accuracy >= 0.75",
+                        "    on the validation rows it answers 4 of 6 rows (coverage 0.667), accuracy 0.750",
+                        "    on these rows it answers 3 of 5 rows (coverage 0.600), accuracy 0.667"]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--target-coverage", "0.5"], "pick a threshold on --validation FILE's rows: give it"),
+    (["--validation", "VAL"], "--validation needs a target"),
+    (["--validation", "VAL", "--target-coverage", "1.5"], "--target-coverage must lie in (0, 1], got 1.5"),
+    (["--validation", "VAL", "--target-coverage", "0.9"], "--validation: coverage 0.9 is out of reach: 5 of 6 rows"),
+    (["--validation", "VAL", "--target-accuracy", "1"], "--validation: no threshold reaches accuracy 1"),
+])
+def test_abstention_settings_are_checked(tmp_path, capsys, flags, says):
+    val = _jsonl(tmp_path / "val.jsonl", [(0.9, 0), (0.8, 0), (0.8, 1), (0.5, 1), (None, 0), (0.2, 0)])
+    test = _jsonl(tmp_path / "test.jsonl", [(0.95, 1), (0.1, 0)])
+    assert main(["calibration", str(test), *[str(val) if f == "VAL" else f for f in flags]]) == 2
+    assert says in capsys.readouterr().err

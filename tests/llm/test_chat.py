@@ -5,6 +5,7 @@ the template's end-of-turn token; self-reports parse from BPE completions."""
 import pytest
 import torch
 
+from reflectrl.errors import ConfigError
 from reflectrl.llm.batch import TokenBatch
 from reflectrl.llm.chat import ChatFormat, chat_format
 from reflectrl.llm.policy import Policy
@@ -280,3 +281,61 @@ def test_samples_and_eval_transcripts_log_what_the_model_saw(tok, tmp_path):
     assert len(episodes) == 2
     for episode in episodes:
         _decodes_to_what_was_seen(tok, episode)
+
+
+def test_the_inline_report_is_completed_in_the_answers_own_message(tok):
+    """The inline form on a chat model: the first message asks for the tag, the environment opens it after the
+    answer in the same assistant message (the end-of-turn the model sampled dropped), and the model completes it:
+    the row is the template's rendering of one user message and one assistant message, the answer's and the
+    report's tokens trained and the opened tag context; a malformed report is a missing one, never an error."""
+    from reflectrl.tasks.selfreport import INLINE_ASKS, INLINE_OPENINGS
+
+    policy = tiny_chat_policy(tok)
+    task = with_self_report(get_task("arith"), "inline", chat=True)
+    assert with_self_report(get_task("arith"), "inline") is not task and \
+        type(with_self_report(get_task("arith"), "inline", chat=False)).__name__ == "ArithTask"
+    p = task.problems("train")[0]
+    value = p.meta["value"]
+    engine = Scripted(tok, policy.chat.end_of_turn, [[str(value), str(value + 1)], ["8</confidence>", "x"]])
+    ro = Rollout(policy, engine, task, max_new_tokens=8, max_turns=task.max_turns, max_response_tokens=200,
+                 reward_workers=0)
+    batch, _ = ro.run([p], 2, torch.Generator().manual_seed(0))
+    prompt = chat_prompt(task, p)
+    assert prompt.endswith(INLINE_ASKS["confidence"]) and "<confidence>" in prompt
+    first, second = batch.infos[0][-1], batch.infos[1][-1]
+    assert batch.correct.tolist() == [True, False]
+    assert first["confidence"] == 0.8 and first["self_report_valid"] and first["self_report"] == "confidence"
+    assert "confidence" not in second and second["self_report_valid"] is False
+    eot = policy.chat.end_of_turn
+    message = f"{value}{INLINE_OPENINGS['confidence']}8</confidence>"
+    assert _row_ids(batch) == template_ids(tok, [{"role": "user", "content": prompt},
+                                                 {"role": "assistant", "content": message}])
+    trained = batch.response_ids[0][batch.completion_mask[0]].tolist()
+    assert trained == enc(tok, str(value)) + enc(tok, "8</confidence>") + [eot]  # the opened tag is context
+    assert "".join(t for _, t in batch.transcripts[0][1:]) == message + "<|im_end|>"
+    ro.close()
+
+
+@pytest.mark.parametrize("algo,flags", [
+    ("rlcr", {"self_report": "inline"}),
+    ("rlcr", {"self_report": "inline", "rlcr_credit": "split", "rlcr_calibration": "batch-rank"}),
+    ("refgrpo", {"self_report": "inline-reflect", "refgrpo_credit": "split"}),
+])
+def test_methods_train_on_inline_reports_of_a_chat_model(tok, tmp_path, algo, flags):
+    """rlcr and refgrpo train an update on a chat model's inline reports (split credit on the report's own tokens);
+    with raw prompts split credit is refused, the tag being part of the answer's turn."""
+    import dataclasses
+    import json
+
+    from reflectrl.algos import config_for_algo, get_algo
+
+    model = _chat_model_dir(tok, tmp_path / "m")
+    cfg = config_for_algo(algo, task="arith", model=str(model), run_dir=str(tmp_path / "run"), updates=1,
+                          prompts_per_update=2, group_size=2, max_new_tokens=3, progress=False, tensorboard=False,
+                          threads=1, reward_workers=0, sample_interval=1, export_model=False, **flags)
+    get_algo("llm", algo).make(cfg).learn()
+    sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
+    assert any(kind == "env" and "<" in text for kind, text in sample["transcript"])  # the opened tag
+    if flags.get("rlcr_credit") == "split" or flags.get("refgrpo_credit") == "split":
+        with pytest.raises(ConfigError, match="turn of its own"):
+            dataclasses.replace(cfg, chat="off").validate()

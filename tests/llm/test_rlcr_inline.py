@@ -77,7 +77,7 @@ def test_inline_form_validation(tiny_dir, tmp_path):
     a = get_algo("llm", "rlcr")
     with pytest.raises(ConfigError, match="needs --self-report confidence or inline"):
         a.make(_cfg(a, tiny_dir, tmp_path, self_report="off"))
-    with pytest.raises(ConfigError, match="--rlcr-credit split needs the confidence turn"):
+    with pytest.raises(ConfigError, match="--rlcr-credit split needs the confidence in a turn of its own"):
         a.make(_cfg(a, tiny_dir, tmp_path, rlcr_credit="split"))
 
 

@@ -123,3 +123,51 @@ def test_lora_policy_reference_heads_and_export(tiny_dir, tmp_path):
         assert (out / "config.json").is_file() == merge and (out / "adapter_config.json").is_file() != merge
         back = load_policy(out)
         assert "value" in back.heads and torch.allclose(back.forward_batch(batch).logp, moved, atol=1e-5)
+
+
+def test_an_evaluation_s_confidence_intervals_are_over_problems():
+    """Two samples of each of 30 problems: the AUROC interval is DeLong's with a problem's samples as one group, the
+    ECE interval a bootstrap over problems, the selective accuracies those of the reports (a missing confidence
+    abstains, so full coverage is out of reach); one sample per problem makes every row its own problem."""
+    import numpy as np
+
+    from reflectrl.eval.calibration import selective_accuracies
+    from reflectrl.eval.uncertainty import auroc_interval, ece_interval
+    from reflectrl.llm.evaluate import _report_metrics
+
+    rng = np.random.default_rng(0)
+    q = np.round(rng.uniform(size=(30, 2)), 2)
+    correct = rng.uniform(size=(30, 2)) < q
+    finals = [{"confidence": None if i == 5 else float(v)} for i, v in enumerate(q.ravel())]  # problem-major rows
+    stated, y, groups = [f["confidence"] for f in finals], correct.ravel(), np.repeat(np.arange(30), 2)
+    m = _report_metrics("confidence", correct, finals, 0.9)
+    assert m["auroc_ci"] == pytest.approx(list(auroc_interval(stated, y, groups, level=0.9).ci))
+    assert m["auroc_ci"] != pytest.approx(list(auroc_interval(stated, y, level=0.9).ci))
+    assert m["ece_ci"] == pytest.approx(list(ece_interval(stated, y, groups, level=0.9).ci))
+    assert m["ece_ci"] != pytest.approx(list(ece_interval(stated, y, level=0.9).ci))
+    want = selective_accuracies(stated, y)
+    assert [m[f"selective_accuracy@{c}"] for c in (0.5, 0.8)] == pytest.approx(
+        [want["selective_accuracy@0.5"], want["selective_accuracy@0.8"]])
+    assert m["selective_accuracy@1.0"] is None and "auroc_no_ci" not in m
+    one = _report_metrics("confidence", correct[:, :1], finals[::2])
+    assert one["auroc_ci"] == pytest.approx(list(auroc_interval(stated[::2], y[::2]).ci))
+    refl = _report_metrics("reflect", correct, [{"reflection": 1.0}] * 60)
+    assert not any(k.startswith("selective_accuracy@") or k.endswith("_ci") for k in refl)
+
+
+def test_eval_prints_the_intervals_and_selective_accuracy(tiny_dir, capsys):
+    from reflectrl.cli import main
+    from reflectrl.cli.llm import report_lines
+
+    assert main(["llm", "eval", str(tiny_dir), "--task", "toy-add", "--limit", "3", "--self-report", "confidence",
+                 "--max-new-tokens", "3", "--json", "--no-progress"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # a random model states no confidence
+    assert res["auroc_ci"] is None and res["auroc_no_ci"] == "interval needs >= 10 rows" and res["ece_ci"] is None
+    assert [res[f"selective_accuracy@{c}"] for c in (0.5, 0.8, 1.0)] == [None, None, None]
+    lines = report_lines({"confidence_missing_rate": 0.1, "ci_level": 0.9, "auroc_ci": [0.61, 0.8],
+                          "ece_ci": None, "ece_no_ci": "interval needs >= 10 rows", "selective_accuracy@0.5": 0.9,
+                          "selective_accuracy@0.8": 0.8125, "selective_accuracy@1.0": None})
+    assert lines[1:] == ["confidence 90% intervals: AUROC (DeLong) [0.610, 0.800]; ECE (bootstrap over problems) none, "
+                         "interval needs >= 10 rows",
+                         "selective accuracy (the most confident answers kept; a missing confidence abstains): 0.900 at "
+                         "50% coverage, 0.812 at 80%, n/a at 100%"]

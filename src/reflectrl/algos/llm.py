@@ -32,7 +32,11 @@ class RefGRPOConfig(RefGRPOOptions, GRPOConfig):
 
     def validate(self) -> None:
         GRPOConfig.validate(self)
-        check_all(self.validate_refgrpo() + [(self.self_report == "reflect", "refgrpo needs --self-report reflect")])
+        check_all(self.validate_refgrpo() + [
+            (self.self_report in ("reflect", "inline-reflect"), "refgrpo needs --self-report reflect or inline-reflect"),
+            (self.refgrpo_credit != "split" or not _raw_inline(self),
+             "--refgrpo-credit split needs the reflection in a turn of its own: --self-report reflect, or "
+             "inline-reflect with a chat model (raw prompts put the tag in the answer's turn)")])
 
 
 @dataclass
@@ -44,9 +48,23 @@ class RLCRConfig(RLCROptions, GRPOConfig):
         GRPOConfig.validate(self)
         check_all(self.validate_rlcr() + [
             (self.self_report in ("confidence", "inline"), "rlcr needs --self-report confidence or inline"),
-            (self.rlcr_credit != "split" or self.self_report == "confidence",
-             "--rlcr-credit split needs the confidence turn (--self-report confidence): an inline confidence shares "
-             "its turn with the answer")])
+            (self.rlcr_credit != "split" or not _raw_inline(self),
+             "--rlcr-credit split needs the confidence in a turn of its own: --self-report confidence, or inline with "
+             "a chat model (raw prompts put the tag in the answer's turn)")])
+
+
+def _raw_inline(cfg: GRPOConfig) -> bool:
+    """An inline self-report on a model with raw prompts, whose tag is part of the answer's own turn (a chat model
+    completes it in a turn of its own: the tag the environment opens)."""
+    if cfg.self_report not in ("inline", "inline-reflect"):
+        return False
+    from ..errors import ConfigError, ReflectRLError
+    from ..llm.models import uses_chat
+
+    try:
+        return not uses_chat(cfg.model, cfg.chat)
+    except (ConfigError, ReflectRLError):  # no such model: the trainer says so when it loads it
+        return False
 
 
 @dataclass

@@ -177,7 +177,8 @@ commands:
   plot      redraw curves from run directories
   llm       LLM agents: init-tiny, warmup, train (GRPO family), eval
   tasks     verifiable tasks: validate reference solutions
-  calibration  calibration of self-reports from any trainer's rows (JSON lines): metrics, reliability diagram
+  calibration  calibration of self-reports from any trainer's rows (JSON lines): metrics, reliability diagram,
+               abstention threshold
   demo      ppo, refgrpo-seed, gear-seed on LunarLander-v3, then grpo against rlcr on a tiny language model
 """
 

@@ -9,11 +9,15 @@ One JSON object per line, with a correctness and a reflection and/or a confidenc
   ``self_report`` saying which was asked.
 
 A report counts as asked on a row that has its field (or whose ``self_report`` names it): a missing one counts in
-its missing rate. The metrics are :func:`reflectrl.eval.calibration.self_report_metrics`, with percentile bootstrap
-intervals over rows; ``--out DIR`` also writes the reliability diagram and the risk-coverage curve of the confidences.
-Each metric comes with the rows it is computed from (``n``, and what they are: a missing rate is over the rows that
-were asked, every other metric over the rows that stated the report), and an interval only where those rows are
-enough (:data:`MIN_INTERVAL_ROWS`, :data:`MIN_AUROC_CLASS_ROWS`).
+its missing rate. The metrics are :func:`reflectrl.eval.calibration.self_report_metrics` and, for confidences, the
+selective accuracies (:func:`reflectrl.eval.calibration.selective_accuracies`), with percentile bootstrap intervals
+over rows (AUROC also with DeLong's); ``--out DIR`` also writes the reliability diagram and the risk-coverage curve
+of the confidences. Each metric comes with the rows it is computed from (``n``, and what they are: a missing rate and
+a selective accuracy are over the rows that were asked, every other metric over the rows that stated the report), and
+an interval only where those rows are enough (:data:`~reflectrl.eval.uncertainty.MIN_INTERVAL_ROWS`,
+:data:`~reflectrl.eval.uncertainty.MIN_AUROC_CLASS_ROWS`). ``--validation FILE`` with ``--target-coverage`` or
+``--target-accuracy`` picks an abstention threshold on FILE's rows and applies it to these
+(:func:`reflectrl.eval.calibration.transfer_threshold`).
 """
 
 from __future__ import annotations
@@ -29,16 +33,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..eval.uncertainty import MIN_AUROC_CLASS_ROWS as MIN_AUROC_CLASS_ROWS  # one definition, kept importable here
+from ..eval.uncertainty import MIN_INTERVAL_ROWS as MIN_INTERVAL_ROWS
+from ..eval.uncertainty import interval_refusal
 
-MIN_INTERVAL_ROWS = 10
-"""Fewest rows a bootstrap interval is given from. Below it most resamples repeat the same few rows, and the
-percentile interval says little or nothing (three agreeing rows give ``[1.000, 1.000]``): the value is printed alone,
-with ``interval needs >= 10 rows``."""
-
-MIN_AUROC_CLASS_ROWS = 5
-"""Fewest right and fewest wrong rows (among those that stated a confidence) an AUROC interval is given from. AUROC
-needs both classes in a resample; with c rows of a class among n, about e^-c of the resamples lack it (5% at c = 3,
-under 1% at c = 5) and are dropped, which biases the interval."""
+Row = tuple[float, float | None, float | None]
+"""A row: correctness, reflection, confidence (a report not asked None, one asked but not stated NaN)."""
 
 _REPORTS = (("reflection", "a reflection"), ("confidence", "a confidence"))
 
@@ -125,6 +125,8 @@ def _rows_used(name: str, noun: str, v: np.ndarray) -> tuple[int, str]:
     from, and which rows they are."""
     if name.endswith("_missing_rate"):
         return v.size, f"rows asked for {noun}"
+    if name.startswith("selective_accuracy@"):
+        return v.size, f"rows asked for {noun}, a missing one abstaining"
     if name == "underconfidence":
         return int(np.sum(v == 0.0)), "rows that stated unsolved"
     if name in ("overconfidence", "selective_accuracy"):
@@ -133,26 +135,36 @@ def _rows_used(name: str, noun: str, v: np.ndarray) -> tuple[int, str]:
 
 
 def _interval_refused(name: str, n: int, y: np.ndarray, v: np.ndarray) -> str | None:
-    """Why metric ``name`` gets no interval from its ``n`` rows (outcomes ``y``, reports ``v``), or None."""
-    if n < MIN_INTERVAL_ROWS:
-        return f"interval needs >= {MIN_INTERVAL_ROWS} rows"
-    if name == "auroc":
-        outcomes = y[~np.isnan(v)]
-        if min(int(outcomes.sum()), int(outcomes.size - outcomes.sum())) < MIN_AUROC_CLASS_ROWS:
-            return f"interval needs >= {MIN_AUROC_CLASS_ROWS} right and >= {MIN_AUROC_CLASS_ROWS} wrong rows"
-    return None
+    """Why metric ``name`` gets no interval from its ``n`` rows (outcomes ``y``, reports ``v``), or None
+    (:func:`reflectrl.eval.uncertainty.interval_refusal`)."""
+    if name != "auroc":
+        return interval_refusal(n)
+    right = int(y[~np.isnan(v)].sum())
+    return interval_refusal(n, classes=(right, n - right))
+
+
+def _metrics(key: str, y: np.ndarray, v: np.ndarray) -> dict[str, float]:
+    """The metrics of report ``key`` (values ``v``, NaN where not stated) over rows with outcomes ``y``: a
+    confidence's also with its selective accuracies."""
+    from ..eval.calibration import selective_accuracies, self_report_metrics
+
+    if key == "reflection":
+        return self_report_metrics(y, v, None)
+    return {**self_report_metrics(y, None, v), **selective_accuracies(v, y)}
 
 
 def calibration_table(rows: list[tuple[float, float | None, float | None]], reps: int = 1000,
                       seed: int = 0) -> dict[str, Any]:
     """The metrics of the rows: reflection metrics over the rows where a reflection was asked, confidence metrics
-    over those where a confidence was, with 95% percentile bootstrap intervals (rows resampled).
+    (with the selective accuracies) over those where a confidence was, with 95% percentile bootstrap intervals (rows
+    resampled).
 
     ``accuracy`` is over every row; ``reports`` gives per report the rows ``asked``, ``stated`` and ``missing`` and
     the ``accuracy`` of the stated ones. Each metric is ``{"value", "ci", "n", "over", "report"}``: ``n`` rows, the
     ones ``over`` names, went into it; ``ci`` is None where no interval is given, with ``no_ci`` saying why when those
-    rows are too few (:data:`MIN_INTERVAL_ROWS`, :data:`MIN_AUROC_CLASS_ROWS`)."""
-    from ..eval.calibration import self_report_metrics
+    rows are too few (:data:`MIN_INTERVAL_ROWS`, :data:`MIN_AUROC_CLASS_ROWS`). ``auroc`` also has ``ci_delong``, its
+    95% DeLong interval (:func:`reflectrl.eval.uncertainty.auroc_interval`), refused by the same rule."""
+    from ..eval.uncertainty import auroc_interval
 
     y = np.array([r[0] for r in rows])
     out: dict[str, Any] = {"rows": len(rows), "accuracy": float(y.mean()), "reports": {}}
@@ -166,10 +178,9 @@ def calibration_table(rows: list[tuple[float, float | None, float | None]], reps
         stated = ~np.isnan(vv)
         out["reports"][key] = {"asked": len(keep), "stated": int(stated.sum()), "missing": int((~stated).sum()),
                                "accuracy": float(yy[stated].mean()) if stated.any() else None}
-        metrics = self_report_metrics(yy, vv if key == "reflection" else None, vv if key == "confidence" else None)
+        metrics = _metrics(key, yy, vv)
         metrics.pop("accuracy", None)
-        boots = [self_report_metrics(yy[s], *((vv[s], None) if key == "reflection" else (None, vv[s])))
-                 for s in (rng.integers(0, len(keep), len(keep)) for _ in range(reps))] \
+        boots = [_metrics(key, yy[s], vv[s]) for s in (rng.integers(0, len(keep), len(keep)) for _ in range(reps))] \
             if len(keep) >= MIN_INTERVAL_ROWS else []
         for name, value in metrics.items():
             n, over = _rows_used(name, noun, vv)
@@ -178,11 +189,14 @@ def calibration_table(rows: list[tuple[float, float | None, float | None]], reps
             refused = _interval_refused(name, n, yy, vv)
             if refused:
                 cell["no_ci"] = refused
-            else:
+            elif cell["value"] is not None:  # no interval around an undefined value
                 samples = np.array([b.get(name, math.nan) for b in boots], float)
                 samples = samples[np.isfinite(samples)]
                 if samples.size:
                     cell["ci"] = [float(np.percentile(samples, 2.5)), float(np.percentile(samples, 97.5))]
+            if name == "auroc":  # beside the bootstrap's: DeLong's, refused by the same rule
+                delong = auroc_interval(vv, yy).ci
+                cell["ci_delong"] = None if delong is None else [delong[0], delong[1]]
             out[name] = cell
     return out
 
@@ -203,11 +217,53 @@ def format_table(table: dict[str, Any], name: str) -> list[str]:
             value = "n/a" if cell["value"] is None else f"{cell['value']:.3f}"
             ci = "" if cell["value"] is None else (f" [{cell['ci'][0]:.3f}, {cell['ci'][1]:.3f}]" if cell["ci"] else
                                                    f" ({cell['no_ci']})" if cell.get("no_ci") else "")
+            if cell["value"] is not None and cell.get("ci_delong"):
+                ci += f"{',' if ci else ''} DeLong [{cell['ci_delong'][0]:.3f}, {cell['ci_delong'][1]:.3f}]"
             lines.append(f"    {metric:<24} {value}{ci}  (n={cell['n']}: {cell['over']})")
+    if "abstention" in table:
+        lines += abstention_lines(table["abstention"])
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def _confidences(rows: list[Row]) -> tuple[np.ndarray, np.ndarray]:
+    """(confidence, correct) of the rows asked for a confidence; NaN where none was stated."""
+    asked = [(r[2], r[0]) for r in rows if r[2] is not None]
+    return np.array([q for q, _ in asked], float), np.array([y for _, y in asked], float)
+
+
+def abstention(rows: list[Row], validation: list[Row], coverage: float | None = None, accuracy: float | None = None
+               ) -> dict[str, Any]:
+    """The abstention threshold picked on the ``validation`` rows for a target ``coverage`` or ``accuracy`` and what
+    it gives on ``rows`` (:func:`reflectrl.eval.calibration.transfer_threshold`, over the rows asked for a
+    confidence, a missing one abstaining), with ``target``; ConfigError when the target is out of reach."""
+    from ..eval.calibration import transfer_threshold
+
+    (vq, vy), (q, y) = _confidences(validation), _confidences(rows)
+    for what, qq in (("--validation file", vq), ("file", q)):
+        if not qq.size:
+            raise ConfigError(f"the {what} has no row asked for a confidence: no abstention threshold")
+    try:
+        out = transfer_threshold(vq, vy, q, y, coverage=coverage, accuracy=accuracy)
+    except ValueError as exc:
+        raise ConfigError(f"--validation: {exc}") from None
+    target = {"coverage": coverage} if coverage is not None else {"accuracy": accuracy}
+    return {"target": target, **{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()},
+            "validation": {k: (None if math.isnan(v) else v) for k, v in out["validation"].items()}}
+
+
+def abstention_lines(res: dict[str, Any]) -> list[str]:
+    """:func:`abstention` in words: the threshold, what it gives on the validation rows, and on these."""
+    def gives(r: dict[str, Any]) -> str:
+        acc = "n/a" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
+        return f"answers {int(r['answered'])} of {int(r['rows'])} rows (coverage {r['coverage']:.3f}), accuracy {acc}"
+
+    (goal, value), = res["target"].items()
+    return [f"  abstention: answer when confidence >= {res['threshold']:.3f}, picked on the validation rows for "
+            f"{goal} >= {value:g}",
+            f"    on the validation rows it {gives(res['validation'])}", f"    on these rows it {gives(res)}"]
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reflectrl calibration", description="Calibration of self-reports (reflections, "
                                  "confidences) from JSON-lines rows of any trainer or evaluation: metrics with bootstrap "
                                  "intervals, a reliability diagram and a risk-coverage curve.")
@@ -216,17 +272,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--skip-bad", action="store_true", help="leave bad rows out (one warning line each)")
     ap.add_argument("--reps", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    a = ap.parse_args(argv)
+    ap.add_argument("--validation", type=Path, default=None, metavar="FILE",
+                    help="rows of validation problems (e.g. `reflectrl llm eval --split validation --transcripts "
+                         "FILE`): pick the abstention threshold on them (answer when confidence >= it, abstain "
+                         "otherwise and where none is stated) and apply it to FILE's rows; needs a target")
+    target = ap.add_mutually_exclusive_group()
+    target.add_argument("--target-coverage", type=float, default=None, metavar="C",
+                        help="with --validation: the highest threshold answering at least this share of the "
+                             "validation rows")
+    target.add_argument("--target-accuracy", type=float, default=None, metavar="A",
+                        help="with --validation: the lowest threshold whose answered validation rows are at least "
+                             "this accurate")
+    return ap
+
+
+def _check_args(a: argparse.Namespace) -> None:
+    """One clear error for settings that cannot go together, before any file is read."""
     if a.reps < 1:
         raise ConfigError(f"--reps must be >= 1, got {a.reps}")
+    has_target = a.target_coverage is not None or a.target_accuracy is not None
+    if a.validation is None and has_target:
+        raise ConfigError("--target-coverage and --target-accuracy pick a threshold on --validation FILE's rows: give it")
+    if a.validation is not None and not has_target:
+        raise ConfigError("--validation needs a target: --target-coverage C or --target-accuracy A")
+    for flag, v in (("--target-coverage", a.target_coverage), ("--target-accuracy", a.target_accuracy)):
+        if v is not None and not 0 < v <= 1:
+            raise ConfigError(f"{flag} must lie in (0, 1], got {v}")
     if a.out is not None:
         from ..runlog import ensure_writable_dir
 
         ensure_writable_dir(a.out, "--out")
-    rows, bad = read_rows(a.file, a.skip_bad)
+
+
+def _read(path: Path, skip_bad: bool) -> list[Row]:
+    """:func:`read_rows` of ``path``, with a warning line per bad row left out."""
+    rows, bad = read_rows(path, skip_bad)
     for line in bad:
-        print(f"warning: {a.file}: {line} (left out)", file=sys.stderr)
+        print(f"warning: {path}: {line} (left out)", file=sys.stderr)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    _check_args(a)
+    rows = _read(a.file, a.skip_bad)
     table = calibration_table(rows, a.reps)
+    if a.validation is not None:
+        table["abstention"] = {"validation_file": str(a.validation),
+                               **abstention(rows, _read(a.validation, a.skip_bad), a.target_coverage,
+                                            a.target_accuracy)}
     if a.out is not None:
         from ..eval.calibration import reliability_diagram, risk_coverage_curve
 

@@ -211,10 +211,13 @@ def _eval_parser() -> argparse.ArgumentParser:
     ap.add_argument("--confidence", type=float, default=0.95, help="confidence level of the interval")
     ap.add_argument("--seed", type=int, default=0, help="seed of the samples")
     ap.add_argument("--device", default="cpu", help="torch device")
-    ap.add_argument("--self-report", choices=("reflect", "confidence", "both", "inline"), default=None,
+    ap.add_argument("--self-report", choices=("reflect", "confidence", "both", "inline", "inline-reflect"),
+                    default=None,
                     help="after each episode ask for a reflection (solved/unsolved) and/or a confidence in [0, 1], "
-                         "or (inline) read the confidence the answer itself states, and add their calibration "
-                         "(reflection accuracy, under/overconfidence, ECE, Brier, AUROC)")
+                         "or (inline, inline-reflect) read the confidence or reflection the answer itself states (a "
+                         "chat model is asked for it in the first message and completes the tag its answer's message "
+                         "is continued with), and add their calibration (reflection accuracy, under/overconfidence, "
+                         "ECE, Brier, AUROC)")
     ap.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                     help="task option (default: the run's options); repeatable")
     ap.add_argument("--model", default=None, metavar="PATH",
@@ -268,6 +271,26 @@ def report_lines(res: dict[str, Any]) -> list[str]:
         out.append(f"confidence: mean {_fmt(res.get('mean_confidence'))}, ECE {_fmt(res.get('ece'))}, Brier "
                    f"{_fmt(res.get('brier'))}, AUROC {_fmt(res.get('auroc'))}, missing "
                    f"{100 * res['confidence_missing_rate']:.0f}%")
+        out += _confidence_extras(res)
+    return out
+
+
+def _interval(res: dict[str, Any], name: str) -> str:
+    """Metric ``name``'s interval ``[low, high]``, or why there is none."""
+    ci = res.get(f"{name}_ci")
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"none, {res.get(f'{name}_no_ci') or 'the value is undefined'}"
+
+
+def _confidence_extras(res: dict[str, Any]) -> list[str]:
+    """The intervals of a confidence's AUROC and ECE and its selective accuracies, in words (empty without them)."""
+    out = []
+    if "auroc_ci" in res:
+        out.append(f"confidence {100 * res.get('ci_level', 0.95):g}% intervals: AUROC (DeLong) {_interval(res, 'auroc')}; "
+                   f"ECE (bootstrap over problems) {_interval(res, 'ece')}")
+    kept = [(float(k.split("@")[1]), v) for k, v in res.items() if k.startswith("selective_accuracy@")]
+    if kept:
+        out.append("selective accuracy (the most confident answers kept; a missing confidence abstains): " +
+                   ", ".join(f"{_fmt(v)} at {100 * c:g}%" + (" coverage" if not i else "") for i, (c, v) in enumerate(kept)))
     return out
 
 

@@ -1,11 +1,13 @@
-"""Calibration of self-reports: stated confidences (Brier score, ECE, AUROC, risk-coverage) and binary
-reflections (reflection accuracy, under- and overconfidence, selective prediction).
+"""Calibration of self-reports: stated confidences (Brier score, ECE, AUROC, risk-coverage, selective accuracy and
+an abstention threshold) and binary reflections (reflection accuracy, under- and overconfidence, selective
+prediction). Their intervals over problems are in :mod:`reflectrl.eval.uncertainty`.
 
 Every function takes lists, numpy arrays or torch tensors (bool, int or float; any shape, flattened) and
 returns plain Python floats (or numpy arrays for curves). A rate without a denominator is NaN.
 
 - A confidence is a number q in [0, 1]: the stated probability that the rollout is correct. A missing one
-  (None or NaN) drops that rollout from the confidence metrics; a value outside [0, 1] is an error.
+  (None or NaN) drops that rollout from the confidence metrics, except that selective accuracy and the abstention
+  threshold count it as an abstention; a value outside [0, 1] is an error.
 - ``correct`` is the outcome: 0 / 1 (or False / True). ``brier`` and ``ece`` also accept fractional
   outcomes in [0, 1]; ``auroc``, ``risk_coverage`` and ``reflection_metrics`` need binary ones.
 - A reflection is a binary self-report ŝ: 1 ("solved") or 0 ("unsolved"); a missing one (None or NaN) is
@@ -19,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["auroc", "brier", "ece", "reflection_metrics", "reliability_bins", "reliability_diagram", "risk_coverage",
-           "risk_coverage_curve", "self_report_metrics"]
+__all__ = ["SELECTIVE_COVERAGES", "apply_threshold", "auroc", "brier", "ece", "pick_threshold", "reflection_metrics",
+           "reliability_bins", "reliability_diagram", "risk_coverage", "risk_coverage_curve", "selective_accuracies",
+           "selective_accuracy", "self_report_metrics", "transfer_threshold"]
 
 NAN = float("nan")
 
@@ -176,6 +179,114 @@ def risk_coverage(confidence: Any, correct: Any) -> tuple[np.ndarray, np.ndarray
     answered = last + 1.0
     errors = np.cumsum(1.0 - y)[last]
     return answered / q.size, errors / answered
+
+
+# ---------------------------------------------------------------------------------------------- abstention
+SELECTIVE_COVERAGES = (0.5, 0.8, 1.0)
+"""The coverages ``reflectrl llm eval`` and ``reflectrl calibration`` report selective accuracy at."""
+
+
+def _levels(confidence: Any, correct: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The distinct stated confidences from the highest down, the rows at or above each (cumulative count), the right
+    ones among them (cumulative), and the number of all rows, those without a confidence included."""
+    total = _array(confidence, "confidence").size
+    q, y = _pairs(confidence, correct, binary=True)
+    levels, inverse = np.unique(-q, return_inverse=True)  # ascending -q: the highest confidence first
+    count = np.cumsum(np.bincount(inverse.ravel(), minlength=levels.size)).astype(np.float64)
+    right = np.cumsum(np.bincount(inverse.ravel(), weights=y, minlength=levels.size))
+    return -levels, count, right, total
+
+
+def _share(name: str, value: Any) -> float:
+    """``value`` as a float, ValueError unless it lies in (0, 1]."""
+    if not (isinstance(value, (int, float, np.floating)) and 0 < value <= 1):
+        raise ValueError(f"{name} must lie in (0, 1], got {value!r}")
+    return float(value)
+
+
+def selective_accuracy(confidence: Any, correct: Any, coverage: float) -> float:
+    """The accuracy of the answers kept when the model answers the ``coverage`` share of the rows it is most confident
+    on and abstains on the rest.
+
+    Of N rows, k = coverage * N are kept (k may be fractional), from the highest confidence down. Ties at the cut are
+    averaged: when the cut falls inside a group of rows with equal confidence, each of them is kept in the same
+    share, so the group adds its own accuracy times the rows it contributes; this is the expected accuracy when ties
+    are broken at random, and the order of the rows never matters (a fractional k keeps that share of the next
+    row the same way). A missing confidence (None or NaN) is an abstention: that row is never kept, and N counts
+    it, so a coverage above the share of rows that stated a confidence is out of reach: NaN (as for no rows).
+    Coverage 1 with every confidence stated is the plain accuracy."""
+    coverage = _share("coverage", coverage)
+    levels, count, right, total = _levels(confidence, correct)
+    k = coverage * total
+    if not levels.size or k > count[-1] * (1 + 1e-12):
+        return NAN
+    k = min(k, count[-1])
+    j = int(np.searchsorted(count, k * (1 - 1e-12)))  # the first level whose rows reach k: the cut is in it
+    above, above_right = (count[j - 1], right[j - 1]) if j else (0.0, 0.0)
+    group_accuracy = (right[j] - above_right) / (count[j] - above)
+    return float((above_right + (k - above) * group_accuracy) / k)
+
+
+def selective_accuracies(confidence: Any, correct: Any, coverages: tuple[float, ...] = SELECTIVE_COVERAGES
+                         ) -> dict[str, float]:
+    """``{"selective_accuracy@C": ...}`` for each coverage C (``selective_accuracy@0.5``, ``@0.8``, ``@1.0``):
+    :func:`selective_accuracy` at each, NaN where out of reach."""
+    return {f"selective_accuracy@{float(c)}": selective_accuracy(confidence, correct, c) for c in coverages}
+
+
+def pick_threshold(confidence: Any, correct: Any, coverage: float | None = None, accuracy: float | None = None
+                   ) -> float:
+    """The abstention threshold t picked on validation rows: the model answers a row when its stated confidence
+    q >= t and abstains otherwise (and on a row without a confidence). Give one target:
+
+    - ``coverage``: the highest t whose share of answered rows (of all rows, those without a confidence included)
+      is at least ``coverage``: the fewest most-confident rows that reach it (rows of equal confidence are answered
+      together, so the share reached can exceed the target);
+    - ``accuracy``: the lowest t whose answered rows are at least ``accuracy`` right: the most rows answered at
+      that accuracy.
+
+    ValueError when the target cannot be reached on these rows (too few stated confidences for the coverage, no
+    threshold as accurate), saying what can."""
+    if (coverage is None) == (accuracy is None):
+        raise ValueError("give one target: coverage or accuracy")
+    levels, count, right, total = _levels(confidence, correct)
+    if not levels.size:
+        raise ValueError("no row states a confidence: no threshold can be picked")
+    if coverage is not None:
+        reach = count / total >= _share("coverage", coverage) - 1e-12
+        if not reach.any():
+            raise ValueError(f"coverage {coverage:g} is out of reach: {int(count[-1])} of {total} rows state a "
+                             "confidence (a missing one abstains)")
+        return float(levels[int(np.argmax(reach))])
+    acc = right / count
+    ok = acc >= _share("accuracy", accuracy) - 1e-12
+    if not ok.any():
+        best = int(np.argmax(acc))
+        raise ValueError(f"no threshold reaches accuracy {accuracy:g}: the best is {acc[best]:.3f}, answering "
+                         f"q >= {levels[best]:g} ({count[best] / total:.3f} of the rows)")
+    return float(levels[int(np.flatnonzero(ok)[-1])])
+
+
+def apply_threshold(threshold: float, confidence: Any, correct: Any) -> dict[str, float]:
+    """What answering only the rows with stated confidence q >= ``threshold`` gives: ``coverage`` (answered rows over
+    all rows, a missing confidence counting as an abstention), ``accuracy`` of the answered rows (NaN when none is),
+    ``answered`` and ``rows``."""
+    total = _array(confidence, "confidence").size
+    q, y = _pairs(confidence, correct, binary=True)
+    kept = q >= threshold
+    return {"coverage": _rate(kept.sum(), total), "accuracy": _rate(y[kept].sum(), kept.sum()),
+            "answered": int(kept.sum()), "rows": total}
+
+
+def transfer_threshold(validation_confidence: Any, validation_correct: Any, confidence: Any, correct: Any,
+                       coverage: float | None = None, accuracy: float | None = None) -> dict[str, Any]:
+    """The abstention threshold picked on validation rows for a target ``coverage`` or ``accuracy``
+    (:func:`pick_threshold`), applied to held-out rows (:func:`apply_threshold`): ``threshold``, the held-out
+    ``coverage``, ``accuracy``, ``answered`` and ``rows``, and ``validation`` (the same four on the validation
+    rows)."""
+    t = pick_threshold(validation_confidence, validation_correct, coverage, accuracy)
+    return {"threshold": t, **apply_threshold(t, confidence, correct),
+            "validation": apply_threshold(t, validation_confidence, validation_correct)}
 
 
 def _figure(width: float = 4.6, height: float = 4.2):

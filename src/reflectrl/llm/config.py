@@ -38,7 +38,7 @@ class GRPOConfig(RunOptions):
     """The algo whose defaults were applied; recorded in config.json (set by --algo)."""
     task_options: tuple[str, ...] = ()
     """Task options as KEY=VALUE (what ``--set KEY=VALUE`` gives; see ``reflectrl tasks show TASK``)."""
-    self_report: Literal["off", "reflect", "confidence", "inline"] = "off"
+    self_report: Literal["off", "reflect", "confidence", "inline", "inline-reflect"] = "off"
     """After each episode the environment asks for a reflection (solved / unsolved) or a confidence in [0, 1];
     those tokens are trained with the episode (refgrpo sets reflect, rlcr confidence). inline: nothing is asked;
     the answer itself ends with its report (``<confidence>q</confidence>``), as RLCR trains it."""

@@ -276,8 +276,9 @@ def check_engine(name: str) -> None:
 
 def default_engine_options(name: str, several_turns: bool) -> dict[str, Any]:
     """The trainer's engine options unless ``--engine-options`` says otherwise: the torch engine keeps each row's KV
-    cache between the turns of an episode (``reuse_cache``) on a multi-turn task. A single-turn task's self-report
-    turn keeps re-prefilling unless asked, so that the results trained that way reproduce (docs/llm.md)."""
+    cache between the turns of an episode (``reuse_cache``) on a multi-turn task, and for an inline report's turn (it
+    continues the answer's message). A single-turn task's asked self-report turn keeps re-prefilling unless asked,
+    so that the results trained that way reproduce (docs/llm.md)."""
     return {"reuse_cache": True} if name == "torch" and several_turns else {}
 
 

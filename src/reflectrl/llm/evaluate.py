@@ -80,7 +80,8 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
                                    max_response_tokens, limit, gen_batch, seed, confidence, engine, "confidence",
                                    transcripts=transcripts, progress=progress, meter=both)
         return _merge_reports(out, conf, transcripts)
-    task, max_turns, max_response_tokens = _with_report_turn(task, self_report, max_turns, max_response_tokens)
+    task, max_turns, max_response_tokens = _with_report_turn(task, self_report, max_turns, max_response_tokens,
+                                                             policy.chat is not None)
     problems = _eval_problems(task, split, samples, n, limit)
     multi = bool(getattr(task, "multi_turn", False))
     turns = max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
@@ -97,7 +98,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     out: dict[str, Any] = {"task": getattr(task, "name", None), "split": split, "n": len(problems),
                            "ci_level": confidence, "mean_score": float(r.scores.mean())}
     if self_report not in (None, "off"):
-        out.update(_report_metrics(self_report, r.correct.reshape(-1), r.finals))
+        out.update(_report_metrics(self_report, r.correct, r.finals, confidence))
     out.update(_episode_metrics(r.episodes, tuple(getattr(task, "tool_kinds", ()))))
     if per_problem:
         out["per_problem"] = r.correct.mean(1).tolist()
@@ -116,19 +117,21 @@ def _merge_reports(out: dict[str, Any], conf: dict[str, Any], transcripts: bool)
     return out
 
 
-def _with_report_turn(task: Task, self_report: str | None, max_turns: int | None, max_response_tokens: int | None
-                      ) -> tuple[Task, int | None, int | None]:
-    """``task`` with the self-report question asked after each episode (and a turn more to answer it), when asked."""
-    if self_report not in (None, "off", "reflect", "confidence", "inline"):
-        raise ConfigError(f"--self-report must be reflect, confidence, both or inline, got {self_report!r}")
-    if self_report in (None, "off", "inline"):
+def _with_report_turn(task: Task, self_report: str | None, max_turns: int | None, max_response_tokens: int | None,
+                      chat: bool = False) -> tuple[Task, int | None, int | None]:
+    """``task`` with the self-report question asked after each episode (and a turn more to answer it), when asked;
+    in an inline form, with a chat model, the report completed in the answer's own message (a turn more too)."""
+    if self_report not in (None, "off", "reflect", "confidence", "inline", "inline-reflect"):
+        raise ConfigError(f"--self-report must be reflect, confidence, both, inline or inline-reflect, got "
+                          f"{self_report!r}")
+    if self_report in (None, "off") or (self_report in ("inline", "inline-reflect") and not chat):
         return task, max_turns, max_response_tokens
     from ..tasks.selfreport import with_self_report
 
     base_multi = bool(getattr(task, "multi_turn", False))
     base_turns = max_turns or (int(getattr(task, "max_turns", 6)) if base_multi else 1)
     # room for the question and the report: the multi-turn default budget
-    return with_self_report(task, self_report), base_turns + 1, None
+    return with_self_report(task, self_report, chat=chat), base_turns + 1, None
 
 
 def _eval_problems(task: Task, split: str, samples: int, n: int | None, limit: int | None) -> list[Problem]:
@@ -224,16 +227,26 @@ def _episode_metrics(episodes: list[tuple[list[dict[str, Any]], bool]], tool_kin
     return out
 
 
-def _report_metrics(kind: str, correct: np.ndarray, finals: list[dict[str, Any]]) -> dict[str, Any]:
-    """The calibration of one kind of self-report, and the per-rollout reports behind it."""
-    from ..eval.calibration import self_report_metrics
+def _report_metrics(kind: str, correct: np.ndarray, finals: list[dict[str, Any]], level: float = 0.95
+                    ) -> dict[str, Any]:
+    """The calibration of one kind of self-report, and the per-rollout reports behind it; ``correct`` is
+    ``[problems, samples]``. A confidence adds its AUROC's DeLong interval and its ECE's bootstrap interval over
+    problems (:func:`reflectrl.eval.uncertainty.confidence_intervals`, at ``level``; several samples of a problem
+    count as one problem) and the selective accuracies (:func:`reflectrl.eval.calibration.selective_accuracies`)."""
+    from ..eval.calibration import selective_accuracies, self_report_metrics
+    from ..eval.uncertainty import confidence_intervals
 
-    key = "reflection" if kind == "reflect" else "confidence"  # inline: the answer's stated confidence
+    groups = np.repeat(np.arange(correct.shape[0]), correct.shape[1]) if correct.ndim == 2 and correct.shape[1] > 1 \
+        else None
+    correct = correct.reshape(-1)
+    reflect = kind in ("reflect", "inline-reflect")
+    key = "reflection" if reflect else "confidence"  # inline: the answer's stated confidence
     values = [f.get(key) for f in finals]
     arr = np.array([np.nan if v is None else float(v) for v in values])
-    m = self_report_metrics(correct.astype(float), arr if kind == "reflect" else None,
-                            arr if kind in ("confidence", "inline") else None)
+    m = self_report_metrics(correct.astype(float), arr if reflect else None, None if reflect else arr)
     m.pop("accuracy", None)
+    if not reflect:
+        m.update({**selective_accuracies(arr, correct), **confidence_intervals(arr, correct, groups, level)})
     # the accuracy of the episodes whose reflection parsed (the ones the reflection rates describe): not the accuracy
     if "task_accuracy" in m:
         m["reported_accuracy"] = m.pop("task_accuracy")
@@ -339,7 +352,9 @@ def evaluate(model_or_run: str | Path, task: str | None = None, split: str = "he
     for key in ("max_new_tokens", "max_turns", "max_response_tokens"):
         if kwargs.get(key) is None and same_task and run_cfg.get(key) is not None:
             kwargs[key] = run_cfg[key]
-    if same_task and run_cfg.get("self_report", "off") not in ("off", "inline") and kwargs.get("max_turns"):
+    asked = run_cfg.get("self_report", "off") not in ("off", "inline", "inline-reflect") or (
+        run_cfg.get("self_report") in ("inline", "inline-reflect") and policy.chat is not None)
+    if same_task and asked and kwargs.get("max_turns"):
         kwargs["max_turns"] -= 1  # the run's count includes its self-report turn; the task's own turns
         kwargs.pop("max_response_tokens", None)
     if kwargs.get("max_new_tokens") is None:

@@ -143,7 +143,8 @@ class GRPO(PolicyUpdate, Trainer):
         follow the task and the model."""
         config.validate()
         self.algo_name = config.algo
-        self.task = with_self_report(get_task(config.task, **config.task_kwargs()), config.self_report)
+        chat = uses_chat(config.model, config.chat)
+        self.task = with_self_report(get_task(config.task, **config.task_kwargs()), config.self_report, chat=chat)
         if hasattr(self.task, "sandbox_batch"):
             self.task.sandbox_batch = config.sandbox_batch
         # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load);
@@ -152,7 +153,7 @@ class GRPO(PolicyUpdate, Trainer):
         folder, name = record_model(base_model_of(config.model, config.model_name))
         config = dataclasses.replace(config, model=folder, model_name=name or config.model_name,
                                      task_options=absolute_option_paths(config.task_options))
-        return config.resolved(self.task, chat=uses_chat(config.model, config.chat))
+        return config.resolved(self.task, chat=chat)
 
     def _compose(self, hooks: list[GRPOHook],
                  methods: list[MethodRunner] | Callable[[GRPO], list[MethodRunner]] | None) -> None:
@@ -202,7 +203,9 @@ class GRPO(PolicyUpdate, Trainer):
         """The generation engine and the rollout over the task's turns."""
         cfg = self.cfg
         inner = self.task.task if isinstance(self.task, SelfReportTask) else self.task
-        multi = bool(getattr(inner, "multi_turn", False))  # the task's own turns (a self-report turn aside)
+        # the task's own turns (an asked self-report turn aside); an inline report's turn continues the answer's own
+        # message, which the kept cache spares prefilling again (a form with no earlier runs to reproduce)
+        multi = bool(getattr(inner, "multi_turn", False)) or bool(getattr(self.task, "inline", False))
         own = {"logprobs": True} if cfg.old_logp == "engine" and cfg.engine == "torch" else {}
         self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k,
                                   **{**default_engine_options(cfg.engine, multi), **own, **cfg.engine_kwargs()})

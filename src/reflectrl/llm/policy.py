@@ -113,7 +113,10 @@ class Policy(nn.Module):
     def encode_reply(self, text: str, closed: bool = True) -> list[int]:
         """An environment reply's ids after an agent turn (``closed``: the turn ended with its end-of-turn token):
         with a chat model the reply as a user turn (its chat form and prefill, for a
-        :class:`~reflectrl.tasks.base.Reply`) and the opening of the next answer; else the text alone."""
+        :class:`~reflectrl.tasks.base.Reply`) and the opening of the next answer, or a continuation's prefill alone (the
+        agent's message goes on); else the text alone."""
+        if getattr(text, "continuation", False):  # the agent's own message goes on
+            return list(self.tokenizer(getattr(text, "prefill", ""), add_special_tokens=False)["input_ids"])
         if self.chat is None:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         from ..tasks.base import chat_reply

@@ -278,18 +278,24 @@ class Rollout:
                results: list[tuple[str, float, bool, dict]]) -> None:
         """Record one turn's env results: the policy segment and its reward, the feedback segment."""
         for (row, ids, budget, stopped, _), (feedback, reward, done, info) in zip(pending, results):
+            hit_limit = len(ids) >= budget and not stopped
+            closed = bool(ids) and self.chat is not None and ids[-1] == self.chat.end_of_turn
+            if closed and not done and getattr(feedback, "continuation", False):
+                # the environment continues the agent's own message (an inline report's opened tag): the end-of-turn
+                # token it sampled is dropped, never trained, and the transcript shows the turn without it
+                ids, closed = ids[:-1], False
+                row.last_logp = None if row.last_logp is None else row.last_logp[:-1]
+                row.transcript[-1] = ("policy", self._shown(ids, ""))
             row.segments.append(Segment(list(ids), "policy", turn, float(reward), logp=row.last_logp))
             row.used += len(ids)
             row.score += float(reward)
             info = info if isinstance(info, dict) else {}
             row.infos.append(dict(info))
             row.correct = bool(info["correct"]) if "correct" in info else row.score >= 1.0 - 1e-9
-            hit_limit = len(ids) >= budget and not stopped
             if done or turn == self.max_turns - 1:
                 row.done = True
                 row.truncated = hit_limit or not done
                 continue
-            closed = bool(ids) and self.chat is not None and ids[-1] == self.chat.end_of_turn
             fb = self._encode_feedback(feedback, closed) if feedback or self.chat is not None else []
             if fb and row.used + len(fb) >= self.max_response_tokens:
                 row.done = row.truncated = True
@@ -309,7 +315,8 @@ class Rollout:
         """``encode_feedback(text)``, remembered: a reply is encoded on its own, so its ids never depend on the
         context (the memo is cleared past 65536 texts). With a chat model the reply is a user turn, opened by the
         end-of-turn token when the agent's turn did not end with it (``closed``)."""
-        key: Any = text if self.chat is None else (text, getattr(text, "chat", None), getattr(text, "prefill", ""), closed)
+        key: Any = text if self.chat is None else (text, getattr(text, "chat", None), getattr(text, "prefill", ""), closed,
+                                                    getattr(text, "continuation", False))
         ids = self._feedback_ids.get(key)
         if ids is None:
             if len(self._feedback_ids) >= 65536:

@@ -149,15 +149,18 @@ def self_report(text: str) -> dict[str, Any]:
 class Reply(str):
     """An environment's reply whose form in a conversation differs from its raw text: a chat model reads ``chat``
     as the user's turn (default: the text without surrounding whitespace) and its answer turn opens with
-    ``prefill`` (context, not trained). A plain ``str`` reply is its own chat form."""
+    ``prefill`` (context, not trained). A plain ``str`` reply is its own chat form. A ``continuation`` is no turn
+    at all: ``prefill`` continues the agent's own message (the inline self-report's opened tag)."""
 
     chat: str
     prefill: str
+    continuation: bool
 
-    def __new__(cls, text: str, chat: str | None = None, prefill: str = "") -> Reply:
+    def __new__(cls, text: str, chat: str | None = None, prefill: str = "", continuation: bool = False) -> Reply:
         obj = super().__new__(cls, text)
         obj.chat = text.strip() if chat is None else chat
         obj.prefill = prefill
+        obj.continuation = continuation
         return obj
 
 

@@ -1,4 +1,5 @@
-"""Asking an agent how it did: a turn after the episode in which it states a reflection or a confidence.
+"""Asking an agent how it did: a turn after the episode in which it states a reflection or a confidence, or (the
+inline form on a chat model) the report in the answer's own assistant message.
 
 :func:`with_self_report` wraps any task (single- or multi-turn) so that, when its episode ends (a final
 answer given, or its turns used up), the environment asks one more question: ``reflect`` asks whether the
@@ -8,6 +9,15 @@ it is never part of the text the agent sees, and the self-report turn earns no r
 method such as refgrpo or rlcr adds one). The last step's ``info`` holds the inner outcome and the parsed
 report (``reflection`` 1 / 0, ``confidence`` q) or ``self_report_valid: False`` when the report is missing or
 malformed.
+
+The inline form (``inline``: a confidence, ``inline-reflect``: a reflection; the RLCR paper's form) asks for the report
+in the answer itself: the chat instruction asks for the answer followed by ``<confidence>q</confidence>`` (or
+``<reflect>solved|unsolved</reflect>``). A model with raw prompts must have learnt to write the tag (the warm-up's
+``inline``), and the task's own verifier parses it. A chat model gets :func:`inline_report`: when its answer ends,
+the environment opens the tag in the same assistant message (:data:`INLINE_OPENINGS`, context, not trained; the
+end-of-turn token the model sampled after its answer is dropped) and the model completes it: no user turn, no
+second prompt, a few tokens more per row. Base instruct models of this size do not write the tag from the
+instruction alone; with the opened tag nearly every report parses (BENCHMARKS.md, "The inline form").
 """
 
 from __future__ import annotations
@@ -15,9 +25,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import Problem, Reply, SingleTurnEnv, parse_confidence, parse_reflection
+from .base import Problem, Reply, SingleTurnEnv, chat_prompt, parse_confidence, parse_reflection
 
 KINDS = ("reflect", "confidence")
+INLINE_FORMS = {"inline": "confidence", "inline-reflect": "reflect"}
+"""The inline self-report forms and the kind of report each asks for."""
+INLINE_ASKS = {"confidence": "After your answer, state your confidence that it is correct as "
+                             "<confidence>p</confidence>, with p between 0 and 1.",
+               "reflect": "After your answer, write <reflect>solved</reflect> if it is correct, else "
+                          "<reflect>unsolved</reflect>."}
+"""What a chat model's first message asks for in the inline form, after the task's own instruction."""
+INLINE_OPENINGS = {"confidence": " <confidence>0.", "reflect": " <reflect>"}
+"""How the environment opens the report's tag after a chat model's answer (inline form): the confidence's tag with
+its leading ``0.`` (the model writes its digits, so that every well-formed report is a number in [0, 1)), the
+reflection's tag alone (the model writes solved or unsolved)."""
 INLINE_TOKENS = 32
 """Tokens added to a task's default completion budget when the answer itself carries its report
 (``--self-report inline``): room for ``<confidence>0.75</confidence>`` with a character-level tokenizer."""
@@ -25,11 +46,12 @@ INLINE_TOKENS = 32
 
 def default_new_tokens(task: Any, self_report: str | None, fallback: int = 32, chat: bool = False) -> int:
     """A completion's default token budget: the task's ``max_new_tokens`` (with a chat model its
-    ``chat_max_new_tokens`` where it has one; else ``fallback``), plus :data:`INLINE_TOKENS` when answers may end
-    with an inline report (``inline``; the warm-up's ``all``)."""
+    ``chat_max_new_tokens`` where it has one; else ``fallback``), plus :data:`INLINE_TOKENS` when a raw-prompt
+    model's answers may end with an inline report (``inline``, ``inline-reflect``; the warm-up's ``all``)."""
     own = getattr(task, "chat_max_new_tokens", None) if chat else None
     base = int(own) if own is not None else int(getattr(task, "max_new_tokens", fallback))
-    return base + (INLINE_TOKENS if self_report in ("inline", "all") else 0)
+    # a chat model completes an inline report in a turn of its own (the opened tag): its answer needs no more room
+    return base + (INLINE_TOKENS if self_report in ("inline", "inline-reflect", "all") and not chat else 0)
 
 
 QUESTIONS = {"reflect": "\nsolved or unsolved?\n", "confidence": "\nconfidence (0-1)?\n"}
@@ -49,6 +71,11 @@ def question(kind: str) -> Reply:
     """The self-report question of ``kind``: its raw text, and its chat form and prefill."""
     text, prefill = CHAT_QUESTIONS[kind]
     return Reply(QUESTIONS[kind], chat=text, prefill=prefill)
+
+
+def inline_report(kind: str) -> Reply:
+    """The inline form's continuation of a chat model's answer: the opened tag of ``kind``, in the same message."""
+    return Reply(INLINE_OPENINGS[kind], chat="", prefill=INLINE_OPENINGS[kind], continuation=True)
 
 
 def turn_confidences(infos: list[dict[str, Any]]) -> list[float | None]:
@@ -91,8 +118,8 @@ def parse_report(kind: str, text: Any) -> float | None:
 class SelfReportEnv:
     """The inner task's environment followed by one self-report turn (see the module docstring)."""
 
-    def __init__(self, inner: Any, kind: str):
-        self.inner, self.kind = inner, kind
+    def __init__(self, inner: Any, kind: str, inline: bool = False):
+        self.inner, self.kind, self.inline = inner, kind, inline
         self._final: dict[str, Any] | None = None
 
     def reset(self, problem: Problem) -> str:
@@ -100,8 +127,8 @@ class SelfReportEnv:
         return self.inner.reset(problem)
 
     def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
-        if self._final is not None:  # the self-report turn
-            report = parse_report(self.kind, text)
+        if self._final is not None:  # the self-report turn (inline: the rest of the tag the environment opened)
+            report = parse_inline(self.kind, text) if self.inline else parse_report(self.kind, text)
             info = dict(self._final)
             info["self_report"], info["self_report_valid"] = self.kind, report is not None
             if report is not None:
@@ -117,22 +144,33 @@ class SelfReportEnv:
         info.pop("reflection", None)
         info.pop("confidence", None)
         self._final = info
-        return question(self.kind), reward, False, {k: v for k, v in info.items() if k != "correct"}
+        ask = inline_report(self.kind) if self.inline else question(self.kind)
+        return ask, reward, False, {k: v for k, v in info.items() if k != "correct"}
 
     def close(self) -> None:
         if hasattr(self.inner, "close"):
             self.inner.close()
 
 
+def parse_inline(kind: str, text: Any) -> float | None:
+    """The report a chat model completed after the opened tag of :data:`INLINE_OPENINGS` (``text``: what it wrote
+    after it); None when malformed."""
+    if not isinstance(text, str):
+        return None
+    return parse_reflection(INLINE_OPENINGS[kind] + text) if kind == "reflect" else \
+        parse_confidence(INLINE_OPENINGS[kind] + text)
+
+
 class SelfReportTask:
-    """A task whose episodes end with a self-report turn; everything else is the inner task's."""
+    """A task whose episodes end with a self-report turn; everything else is the inner task's. ``inline``: the
+    report is asked for in the first message and completed in the answer's own message (a chat model)."""
 
     multi_turn = True
 
-    def __init__(self, task: Any, kind: str):
+    def __init__(self, task: Any, kind: str, inline: bool = False):
         if kind not in KINDS:
             raise ValueError(f"self-report kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        self.task, self.kind = task, kind
+        self.task, self.kind, self.inline = task, kind, inline
         self.name = getattr(task, "name", "task")
         inner_turns = int(getattr(task, "max_turns", 6)) if getattr(task, "multi_turn", False) else 1
         self.max_turns = inner_turns + 1
@@ -143,7 +181,12 @@ class SelfReportTask:
 
     def make_env(self) -> SelfReportEnv:
         inner = self.task.make_env() if getattr(self.task, "multi_turn", False) else SingleTurnEnv(self.task)
-        return SelfReportEnv(inner, self.kind)
+        return SelfReportEnv(inner, self.kind, self.inline)
+
+    def chat_prompt(self, problem: Problem) -> str:
+        """The first message: the task's own; in the inline form, followed by what the report should look like."""
+        own = chat_prompt(self.task, problem)
+        return f"{own} {INLINE_ASKS[self.kind]}" if self.inline else own
 
     def inner_turns(self, problem: Problem) -> list[tuple[str, str]]:
         """The inner task's demonstration as (agent turn, environment reply) pairs."""
@@ -153,9 +196,13 @@ class SelfReportTask:
         return [(self.task.demonstration(problem), "")]
 
 
-def with_self_report(task: Any, kind: str | None) -> Any:
-    """``task`` with a self-report turn of ``kind`` after each episode (``None`` / ``off`` / ``inline``: the task
-    itself; ``inline`` reports are the answer's own tags, which every task parses into its step ``info``)."""
-    if kind in (None, "off", "inline"):
+def with_self_report(task: Any, kind: str | None, chat: bool = False) -> Any:
+    """``task`` with a self-report turn of ``kind`` after each episode. ``None`` / ``off``: the task itself; an inline
+    form (:data:`INLINE_FORMS`): with a ``chat`` model, the report asked for in the first message and completed in
+    the answer's own message; with raw prompts the task itself (the answer's own tags, which every task parses into
+    its step ``info``)."""
+    if kind in (None, "off"):
         return task
+    if kind in INLINE_FORMS:
+        return SelfReportTask(task, INLINE_FORMS[kind], inline=True) if chat else task
     return SelfReportTask(task, kind)

@@ -1,0 +1,197 @@
+"""Self-report methods against GRPO on the real model at equal work: the same updates, the same prompts per update,
+the same starting model, CPU time reported beside the result, never the budget that decides it.
+
+    python benchmarks/real_equal.py run --arms grpo rlcr-inline rlcr-inline-batch-rank --seeds 1 2 3 --updates 30 \\
+        --split validation --jobs 2                      # train every arm and seed (resumes), evaluate on validation
+    python benchmarks/real_equal.py run --arms grpo rlcr-inline --seeds 1 2 3 --updates 30 --split heldout
+    python benchmarks/real_equal.py --render real_equal.json
+
+Every arm trains SmolLM2-135M-Instruct with LoRA 16 on two-digit addition (arith, ``ops=+``), 8 prompts x 8 per
+update, at one thread (the CPU-hour settings of ``benchmarks/real_model.py learn``), from the base model (``--start
+base``) or from a given model folder (``--start PATH``, the late start). Each trained model, and the start, is then
+evaluated greedily on the split's first ``--limit`` problems with the inline report (the confidence completed in
+the answer's own message, ``--self-report inline``): accuracy, the confidence's AUROC (DeLong interval over
+problems) and ECE (bootstrap interval over problems), and selective accuracy. A variant is chosen on validation
+problems; held-out problems are evaluated once, for the chosen variant and GRPO. Across seeds each arm is compared
+with GRPO by the one rule (``reflectrl.eval.stats``: paired by seed, Holm over the table). Results accumulate in
+``benchmarks/results/real_equal.json``, keyed by start, updates, arm, seed and split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from resultio import results_file
+
+MODEL = "smollm2-135m-instruct"
+TASK = ("--task", "arith", "--set", "ops=+")
+TRAIN = ("--lora-r", "16", "--prompts-per-update", "8", "--grad-accum", "4", "--threads", "1", "--no-progress",
+         "--eval-interval", "0", "--sample-interval", "10", "--no-tensorboard", "--attention", "shared-prompt")
+ARMS: dict[str, tuple[str, ...]] = {
+    "grpo": ("--algo", "grpo"),
+    # the paper's form and reward: the confidence in the answer's own message, R = acc - (q - acc)^2
+    "rlcr-inline": ("--algo", "rlcr", "--self-report", "inline"),
+    # reflectrl's batch rank reward on the report's own tokens (split credit), in the same form
+    "rlcr-inline-batch-rank": ("--algo", "rlcr", "--self-report", "inline", "--rlcr-credit", "split",
+                               "--rlcr-calibration", "batch-rank"),
+}
+RESULTS = "real_equal.json"
+METRICS = ("accuracy", "auroc", "ece", "brier", "mean_confidence", "confidence_missing_rate")
+_lock = threading.Lock()
+
+
+def reflectrl(args: list[str], log: Path) -> dict[str, Any]:
+    """``reflectrl ARGS`` at one thread; its last stdout line as JSON (stderr kept in ``log``)."""
+    print("$ reflectrl " + " ".join(args), flush=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as err:
+        proc = subprocess.run([sys.executable, "-m", "reflectrl.cli", *args], stdout=subprocess.PIPE, stderr=err,
+                              text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"command failed ({proc.returncode}): reflectrl {' '.join(args)}; see {log}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def load() -> dict[str, Any]:
+    path = results_file(RESULTS)
+    return json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+
+
+def save(key: str, value: dict[str, Any]) -> None:
+    with _lock:
+        data = load()
+        data["runs"][key] = value
+        results_file(RESULTS).parent.mkdir(parents=True, exist_ok=True)
+        results_file(RESULTS).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def evaluation(model: str, split: str, limit: int, log: Path) -> dict[str, Any]:
+    args = ["llm", "eval", model, *TASK, "--split", split, "--limit", str(limit), "--self-report", "inline", "--json",
+            "--no-progress"]
+    res = reflectrl(args, log)
+    keep = {k: v for k, v in res.items() if k in METRICS or k.endswith("_ci") or k.startswith("selective_accuracy")}
+    return {**keep, "n": res.get("n"), "reports": res.get("reports"), "command": "reflectrl " + " ".join(args)}
+
+
+def one(a: argparse.Namespace, arm: str, seed: int) -> None:
+    start = "base" if a.start == "base" else str(Path(a.start).resolve())
+    key = f"{a.start}|{a.updates}|{arm}|{seed}|{a.split}"
+    if key in load()["runs"]:
+        return
+    run = Path(a.out) / f"{Path(a.start).name}_u{a.updates}" / f"{arm}_s{seed}"
+    log = Path(a.out) / "logs" / f"{run.parent.name}_{arm}_s{seed}.log"
+    train_file = run / "train_summary.json"
+    if train_file.is_file():
+        summary = json.loads(train_file.read_text())
+    else:
+        if (run / "checkpoint.safetensors").is_file():
+            summary = reflectrl(["llm", "train", "--resume", str(run), "--updates", str(a.updates), "--no-progress"], log)
+        else:
+            summary = reflectrl(["llm", "train", *ARMS[arm], *TASK, "--model", MODEL if start == "base" else start,
+                                 *TRAIN, "--updates", str(a.updates), "--seed", str(seed), "--run-dir", str(run)], log)
+        train_file.write_text(json.dumps(summary) + "\n")
+    res = evaluation(str(run), a.split, a.limit, log)
+    save(key, {"start": a.start, "updates": a.updates, "arm": arm, "seed": seed, "split": a.split,
+               "cpu_s": summary.get("cpu_s"), "cpu_s_per_update": summary["cpu_s"] / max(1, summary["updates"]),
+               "train_command": "reflectrl llm train " + " ".join([*ARMS[arm], *TASK, *TRAIN]), **res})
+
+
+def base_eval(a: argparse.Namespace) -> None:
+    key = f"{a.start}|0|start|0|{a.split}"
+    if key not in load()["runs"]:
+        model = MODEL if a.start == "base" else a.start
+        save(key, {"start": a.start, "updates": 0, "arm": "start", "seed": 0, "split": a.split,
+                   **evaluation(model, a.split, a.limit, Path(a.out) / "logs" / "start.log")})
+
+
+def run(a: argparse.Namespace) -> None:
+    jobs = [(arm, s) for s in a.seeds for arm in a.arms]
+    with ThreadPoolExecutor(a.jobs) as pool:
+        futures = [pool.submit(base_eval, a)] + [pool.submit(one, a, arm, s) for arm, s in jobs]
+        for f in futures:
+            f.result()
+    print(render([RESULTS]))
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over the rows that have it (None where none has)."""
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def render(files: list[str]) -> str:
+    from reflectrl.eval.stats import against_baseline, claim_text
+
+    out: list[str] = []
+    for f in files:
+        runs = json.loads(results_file(f).read_text())["runs"].values()
+        settings = sorted({(r["start"], r["updates"], r["split"]) for r in runs if r["arm"] != "start"})
+        for start, updates, split in settings:
+            rows = [r for r in runs if (r["start"], r["updates"], r["split"]) == (start, updates, split)]
+            base = [r for r in runs if r["arm"] == "start" and (r["start"], r["split"]) == (start, split)]
+            arms = sorted({r["arm"] for r in rows}, key=lambda x: (x != "grpo", x))
+            n = max(r.get("n") or 0 for r in rows)
+            out += [f"Start: {'the base model' if start == 'base' else start}; {updates} updates of 8 prompts x 8 per "
+                    f"arm; {split} problems (the first {n}), greedy, the confidence completed inline.", "",
+                    "| arm | seeds | accuracy | AUROC | ECE | mean confidence | reports parsed | selective accuracy at 50% "
+                    "| CPU s per update |", "|---|---|---|---|---|---|---|---|---|"]
+            for r in base[:1]:
+                out.append(f"| start (no training) | - | {_f(r.get('accuracy'))} | {_f(r.get('auroc'))} | "
+                           f"{_f(r.get('ece'))} | {_f(r.get('mean_confidence'))} | "
+                           f"{_f(1 - (r.get('confidence_missing_rate') or 0), 2)} | "
+                           f"{_f(r.get('selective_accuracy@0.5'))} | - |")
+            for arm in arms:
+                mine = [r for r in rows if r["arm"] == arm]
+                mean = lambda k, mine=mine: _mean(mine, k)  # noqa: E731
+                per_seed = "; ".join(f"s{r['seed']} {_f(r.get('auroc'), 2)}" for r in sorted(mine, key=lambda r: r["seed"]))
+                out.append(f"| {arm} | {len(mine)} | {_f(mean('accuracy'))} | {_f(mean('auroc'))} ({per_seed}) | "
+                           f"{_f(mean('ece'))} | {_f(mean('mean_confidence'))} | "
+                           f"{_f(1 - (mean('confidence_missing_rate') or 0), 2)} | {_f(mean('selective_accuracy@0.5'))} | "
+                           f"{_f(mean('cpu_s_per_update'), 1)} |")
+            out.append("")
+            for metric, higher in (("accuracy", True), ("auroc", True), ("ece", False)):
+                values = {arm: {r["seed"]: (r.get(metric) if r.get(metric) is not None else float("nan"))
+                                for r in rows if r["arm"] == arm} for arm in arms}
+                claims = against_baseline(values, "grpo", higher_is_better=higher)
+                for arm, c in claims.items():
+                    out.append(f"- {arm} against grpo, {metric}: {claim_text(c, lower_is_better=not higher)}")
+            out.append("")
+    return "\n".join(out).rstrip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", nargs="?", choices=("run",))
+    ap.add_argument("--arms", nargs="+", default=["grpo", "rlcr-inline"], choices=sorted(ARMS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    ap.add_argument("--updates", type=int, default=30, help="updates of every arm (equal work)")
+    ap.add_argument("--start", default="base", help="base, or a model folder every arm starts from (late start)")
+    ap.add_argument("--split", default="validation", choices=("validation", "heldout"))
+    ap.add_argument("--limit", type=int, default=200, help="problems evaluated")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each at one thread)")
+    ap.add_argument("--out", default="runs/real_equal", help="run folders and logs")
+    ap.add_argument("--render", nargs="+", metavar="JSON", help="print the tables of these results files")
+    a = ap.parse_args()
+    if a.render:
+        print(render(a.render))
+    elif a.command == "run":
+        run(a)
+    else:
+        ap.error("give run, or --render")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""benchmarks/real_equal.py's table: per arm the means over seeds, each seed's AUROC, and the verdicts of the one rule
+against GRPO (paired by seed), from the results file as the runs write it."""
+
+import json
+
+from .helpers import benchmark_script
+
+
+def test_the_table_and_its_verdicts(tmp_path):
+    mod = benchmark_script("real_equal")
+    runs = {}
+    for arm, acc, auroc in (("grpo", 0.40, 0.50), ("rlcr-inline", 0.38, 0.70)):
+        for seed in range(1, 7):
+            runs[f"base|12|{arm}|{seed}|validation"] = {
+                "start": "base", "updates": 12, "arm": arm, "seed": seed, "split": "validation", "n": 200,
+                "accuracy": acc + 0.01 * seed, "auroc": auroc + 0.01 * seed, "ece": 0.2, "mean_confidence": 0.5,
+                "confidence_missing_rate": 0.0, "selective_accuracy@0.5": acc, "cpu_s_per_update": 30.0}
+    runs["base|0|start|0|validation"] = {"start": "base", "updates": 0, "arm": "start", "seed": 0,
+                                         "split": "validation", "n": 200, "accuracy": 0.2, "auroc": 0.5}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"runs": runs}))
+    text = mod.render([str(path)])
+    assert "| start (no training) | - | 0.200 |" in text
+    assert "| rlcr-inline | 6 | 0.415 | 0.735 (s1 0.71; s2 0.72;" in text  # the mean over seeds 1-6, and each seed
+    auroc = next(line for line in text.splitlines() if line.startswith("- rlcr-inline against grpo, auroc"))
+    assert auroc.endswith(": better")  # +0.20 in each of 6 paired seeds: the exact test's smallest p, 1/32
+    acc = next(line for line in text.splitlines() if line.startswith("- rlcr-inline against grpo, accuracy"))
+    assert acc.endswith(": worse")

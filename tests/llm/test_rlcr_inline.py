@@ -115,6 +115,24 @@ def test_eval_reads_the_inline_confidence(tiny_policy, scripted):
     assert out["reports"]["correct"] == [1, 0, 1, 1, 0, 1]
 
 
+def test_calibration_reads_the_inline_transcripts_to_evals_numbers(tiny_policy, scripted, tmp_path, capsys):
+    """The transcripts of an inline evaluation say the confidence was asked for, so ``reflectrl calibration`` counts a
+    missing one as missing and gives the evaluation's numbers."""
+    import json
+
+    from reflectrl.cli import main
+
+    out = evaluate_policy(tiny_policy, ArithTask(), "train", limit=6, max_new_tokens=40, self_report="inline",
+                          engine="scripted-inline", transcripts=True)
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(ep) + "\n" for ep in out["episodes"]))
+    assert main(["calibration", str(path), "--json", "--reps", "20"]) == 0
+    cal = json.loads(capsys.readouterr().out)
+    assert cal["rows"] == 6 and cal["confidence_missing_rate"]["value"] == pytest.approx(out["confidence_missing_rate"])
+    assert out["confidence_missing_rate"] == pytest.approx(2 / 6)
+    assert cal["ece"]["value"] == pytest.approx(out["ece"]) and cal["auroc"]["value"] == pytest.approx(out["auroc"])
+
+
 def test_warmup_all_mixes_the_three_reports(tiny_policy):
     """``all``: each demonstration ends with one of the asked reflection, the asked confidence or the inline tag, so
     one model serves refgrpo, rlcr and rlcr --self-report inline."""

@@ -19,10 +19,12 @@ from typing import Any
 from resultio import main, results_file
 
 MODEL = "smollm2-135m-instruct"
-WORDINGS = {
+WORDINGS = {  # the default (reflectrl.tasks.selfreport.INLINE_ASKS) is "tag only", chosen on validation sums
     "after your answer": "After your answer, state your confidence that it is correct as <confidence>p</confidence>, "
                          "with p between 0 and 1.",
     "chance": "Then write <confidence>p</confidence>, where p is the chance your answer is right.",
+    "tag only": "Then write <confidence>p</confidence>.",
+    "none": "",
 }
 
 
@@ -38,22 +40,22 @@ class _Asking:
     def chat_prompt(self, problem: Any) -> str:
         from reflectrl.tasks.base import chat_prompt
 
-        return f"{chat_prompt(self.task, problem)} {self.ask}"
+        return f"{chat_prompt(self.task, problem)} {self.ask}".rstrip()
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
     from reflectrl.llm.evaluate import evaluate_policy
     from reflectrl.llm.policy import load_policy
     from reflectrl.tasks import selfreport
-    from reflectrl.tasks.base import get_task, parse_confidence
+    from reflectrl.tasks.base import get_task, parse_confidence, parse_options
 
     policy = load_policy(MODEL)
     rows = []
     for name in a.tasks:
-        task = get_task(name)
+        task = get_task(name, **parse_options(a.set))
         plain = evaluate_policy(policy, task, "validation", limit=a.limit)
         row: dict[str, Any] = {"task": name, "n": plain["n"], "plain_accuracy": plain["accuracy"], "wordings": {}}
-        for label, ask in WORDINGS.items():
+        for label, ask in ((w, WORDINGS[w]) for w in a.wordings):
             alone = evaluate_policy(policy, _Asking(task, ask), "validation", limit=a.limit, transcripts=True)
             stated = [parse_confidence("".join(t for k, t in ep["transcript"] if k == "policy")) is not None
                       for ep in alone["episodes"]]
@@ -69,7 +71,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 "inline_auroc": inline.get("auroc"), "inline_mean_confidence": inline.get("mean_confidence")}
             print(json.dumps({name: row["wordings"][label]}), flush=True)
         rows.append(row)
-    return {"model": MODEL, "split": "validation", "limit": a.limit, "rows": rows}
+    return {"model": MODEL, "split": "validation", "limit": a.limit, "task_options": a.set, "rows": rows}
 
 
 def _f(x: Any) -> str:
@@ -80,7 +82,8 @@ def render(files: list[str]) -> str:
     lines = []
     for f in files:
         res = json.loads(results_file(f).read_text())
-        lines += [f"{res['model']}, greedy, the first {res['limit']} {res['split']} problems of each task: the share of "
+        opts = f" ({', '.join(res['task_options'])})" if res.get("task_options") else ""
+        lines += [f"{res['model']}, greedy, the first {res['limit']} {res['split']} problems of each task{opts}: the share of "
                   "answers whose confidence parses and the accuracy, for the instruction alone and for the inline form "
                   "(the instruction, then the tag opened after the answer).", "",
                   "| task | wording | plain accuracy | instruction alone: parsed | accuracy | inline form: parsed | "
@@ -96,5 +99,7 @@ def render(files: list[str]) -> str:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", nargs="+", default=["arith", "text2sql"])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task option (e.g. ops=+)")
+    ap.add_argument("--wordings", nargs="+", default=list(WORDINGS), choices=list(WORDINGS))
     ap.add_argument("--limit", type=int, default=60, help="validation problems per task")
     main(ap, measure, render)

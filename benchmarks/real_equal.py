@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from real_model import last_json
+from real_model import reflectrl as run_cli
 from resultio import results_file
 
 MODEL = "smollm2-135m-instruct"
@@ -49,16 +48,9 @@ _lock = threading.Lock()
 
 
 def reflectrl(args: list[str], log: Path) -> dict[str, Any]:
-    """``reflectrl ARGS`` at one thread; its last stdout line as JSON (stderr kept in ``log``)."""
-    print("$ reflectrl " + " ".join(args), flush=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as err:
-        proc = subprocess.run([sys.executable, "-m", "reflectrl.cli", *args], stdout=subprocess.PIPE, stderr=err,
-                              text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"command failed ({proc.returncode}): reflectrl {' '.join(args)}; see {log}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """``reflectrl ARGS`` at one thread (``real_model.reflectrl``: echoed, stderr kept in ``log``); its last stdout
+    line as JSON."""
+    return last_json(run_cli(args, log))
 
 
 def load() -> dict[str, Any]:

@@ -10,6 +10,10 @@ calibration of the confidences each logging step (``calibration/ece``, ``calibra
 ``OUT/completions.jsonl`` (strict JSON, a confidence not stated as null: ``reflectrl calibration
 OUT/completions.jsonl`` reads it). The last line printed is a JSON list of the logged records. A model without a chat
 template gets raw prompts: warm it up to state the tag first (``reflectrl llm warmup --self-report inline``).
+Sampling follows the model as reflectrl's trainer does (temperature 0.6 for a pretrained model, 1.0 for a tiny one;
+64 completion tokens for a pretrained model). TRL generates each completion in one piece, so the tag must come from
+the model: a base SmolLM2-135M-Instruct writes none from the instruction alone (BENCHMARKS.md, "The inline form"),
+where reflectrl's own trainer opens the tag after the answer (``--self-report inline``).
 """
 
 from __future__ import annotations
@@ -41,12 +45,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
         a.model = str(init_tiny(out / "tiny", layers=1, width=32, heads=2, max_positions=256, force=True))
     path = resolve_model(a.model)
-    lr = a.lr or model_defaults(profile_of(path, lora=a.lora_r > 0))["learning_rate"]
+    profile = profile_of(path, lora=a.lora_r > 0)
+    defaults = model_defaults(profile)  # the model's own sampling settings, which TRL does not know
+    lr = a.lr or defaults["learning_rate"]
     log = RewardLog()
     callback = CalibrationCallback(log, jsonl=str(out / "calibration.jsonl"), keep=True)
     args = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=32, max_steps=a.steps, learning_rate=lr, logging_steps=1, beta=0.0,
-                      use_cpu=True, bf16=False, report_to="none", save_strategy="no", seed=0, temperature=1.0,
+                      max_completion_length=64 if profile.pretrained_scale else 32, max_steps=a.steps,
+                      learning_rate=lr, logging_steps=1, beta=0.0, use_cpu=True, bf16=False, report_to="none",
+                      save_strategy="no", seed=0, temperature=defaults["temperature"],
                       dataloader_num_workers=0)
     peft = None
     if a.lora_r:

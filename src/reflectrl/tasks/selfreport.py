@@ -30,11 +30,11 @@ from .base import Problem, Reply, SingleTurnEnv, chat_prompt, parse_confidence, 
 KINDS = ("reflect", "confidence")
 INLINE_FORMS = {"inline": "confidence", "inline-reflect": "reflect"}
 """The inline self-report forms and the kind of report each asks for."""
-INLINE_ASKS = {"confidence": "After your answer, state your confidence that it is correct as "
-                             "<confidence>p</confidence>, with p between 0 and 1.",
-               "reflect": "After your answer, write <reflect>solved</reflect> if it is correct, else "
-                          "<reflect>unsolved</reflect>."}
-"""What a chat model's first message asks for in the inline form, after the task's own instruction."""
+INLINE_ASKS = {"confidence": "Then write <confidence>p</confidence>.",
+               "reflect": "Then write <reflect>solved</reflect> or <reflect>unsolved</reflect>."}
+"""What a chat model's first message asks for in the inline form, after the task's own instruction. The wording was
+chosen on validation sums for the answers' accuracy first (a longer request cost SmolLM2-135M-Instruct right
+answers), then the share of reports that parse (``benchmarks/inline_form.py``, rendered in BENCHMARKS.md)."""
 INLINE_OPENINGS = {"confidence": " <confidence>0.", "reflect": " <reflect>"}
 """How the environment opens the report's tag after a chat model's answer (inline form): the confidence's tag with
 its leading ``0.`` (the model writes its digits, so that every well-formed report is a number in [0, 1)), the
@@ -186,7 +186,7 @@ class SelfReportTask:
     def chat_prompt(self, problem: Problem) -> str:
         """The first message: the task's own; in the inline form, followed by what the report should look like."""
         own = chat_prompt(self.task, problem)
-        return f"{own} {INLINE_ASKS[self.kind]}" if self.inline else own
+        return f"{own} {INLINE_ASKS[self.kind]}".rstrip() if self.inline else own
 
     def inner_turns(self, problem: Problem) -> list[tuple[str, str]]:
         """The inner task's demonstration as (agent turn, environment reply) pairs."""

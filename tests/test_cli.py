@@ -388,3 +388,44 @@ def test_task_options_reach_train_and_eval(tmp_path, capsys, tiny):
     assert json.loads(capsys.readouterr().out)["n"] == 3
     one_error(capsys, llm_train(tiny, tmp_path / "h", 1, "--set", "digits"), "--set expects KEY=VALUE")
     one_error(capsys, llm_train(tiny, tmp_path / "h", 1, "--set", "nope=1"), "task 'arith' has no option nope")
+
+
+def _flags_without_help(text: str) -> list[str]:
+    """The flags of a ``--help`` screen (tyro's boxes or argparse's list) whose line says nothing but a default."""
+    import re
+
+    lines = [re.sub(r"^[\s│|]+|[\s│|]+$", "", line) for line in text.splitlines()]
+    bare = lambda s: re.sub(r"\((default|required|fixed to)[^)]*\)", "", s).strip()  # noqa: E731
+    out = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(?:-\w, )?(--[a-z][\w-]*(?:[ ,]+--[a-z][\w-]*)*)(\s+[A-Z{][^\s]*)?(.*)$", line)
+        if not m:
+            continue
+        after = lines[i + 1] if i + 1 < len(lines) else ""
+        if not bare(m.group(3)) and (after.startswith("-") or not bare(after) or set(bare(after)) <= set("─╰╯-")):
+            out.append(m.group(1))
+    return out
+
+
+def test_every_flag_has_help_text_and_every_command_is_listed(capsys, monkeypatch):
+    """``reflectrl --help`` names every command and subcommand; no flag of ``train`` (every control algo), ``llm
+    train`` (every LLM algo), ``llm eval``, ``llm warmup`` or ``llm export`` goes without help text."""
+    from reflectrl.algos import algo_names
+    from reflectrl.cli.llm import COMMANDS as LLM_COMMANDS
+
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["--help"]) == 0
+    top = capsys.readouterr().out
+    for word in (*LLM_COMMANDS, "run", "capabilities", "list", "show", "validate", "calibration", "demo"):
+        assert word in top, word
+    screens = [["train", "--algo", a] for a in algo_names("control")] + \
+        [["llm", "train", "--algo", a] for a in algo_names("llm")] + [["llm", c] for c in ("eval", "warmup", "export")]
+    for argv in screens:
+        try:
+            main([*argv, "--help"])
+        except SystemExit:
+            pass
+        text = capsys.readouterr().out
+        assert "--" in text and _flags_without_help(text) == [], (argv, _flags_without_help(text))
+    assert _flags_without_help("│ --adam-beta1 FLOAT     (default: 0.9) │\n│ --lr FLOAT  the rate (default: 1) │") == \
+        ["--adam-beta1"]  # the check finds a bare flag

@@ -172,11 +172,11 @@ commands:
   train     train an agent (reflectrl train --help)
   eval      evaluate a run directory's latest checkpoint
   presets   list the named hyperparameter presets
-  sandbox   run untrusted code against unit tests in the sandbox
+  sandbox   run untrusted code against unit tests in the sandbox: run, capabilities
   compare   methods x envs x seeds, with report.md and curves.png
   plot      redraw curves from run directories
-  llm       LLM agents: init-tiny, warmup, train (GRPO family), eval
-  tasks     verifiable tasks: validate reference solutions
+  llm       LLM agents: {llm} (reflectrl llm --help)
+  tasks     verifiable tasks: list, show, validate
   calibration  calibration of self-reports from any trainer's rows (JSON lines): metrics, reliability diagram,
                abstention threshold
   demo      ppo, refgrpo-seed, gear-seed on LunarLander-v3, then grpo against rlcr on a tiny language model
@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         code = 0 if argv else 2
 
         def usage(_: list[str]) -> int:
-            print(USAGE)
+            from .llm import COMMANDS as LLM_COMMANDS
+
+            print(USAGE.format(llm=", ".join(LLM_COMMANDS)))
             return code
 
         return run_command(usage, [])  # a closed pipe (`reflectrl --help | head`) is not an error

@@ -66,8 +66,11 @@ class GRPOConfig(RunOptions):
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_beta1: float = 0.9
+    """AdamW's beta1: the decay of its running mean of gradients."""
     adam_beta2: float = 0.99
+    """AdamW's beta2: the decay of its running mean of squared gradients."""
     adam_eps: float = 1e-8
+    """AdamW's epsilon, added to the root of the squared-gradient mean."""
     max_grad_norm: float = 1.0
     """Global gradient-norm clip (0 disables it)."""
     adv_estimator: str = "grpo"
@@ -134,7 +137,9 @@ class GRPOConfig(RunOptions):
     lora_r: int = 0
     """LoRA rank (0 trains every weight)."""
     lora_alpha: int = 16
+    """LoRA's alpha: the adapter's update is scaled by alpha / rank."""
     lora_dropout: float = 0.0
+    """Dropout on the LoRA adapter's input (0: none)."""
     dtype: str = "float32"
     """float32 | bfloat16 | float16."""
     device: str = "cpu"

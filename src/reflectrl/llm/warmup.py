@@ -49,6 +49,7 @@ class WarmupConfig:
     """AdamW learning rate; default from the model's size: 3e-3 for a tiny model (under 10M parameters), 1e-5 for a
     pretrained one (a tiny model's rate wrecks it: a warning says so when one is given)."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     max_problems: int | None = None
     """Use only the first this many train problems as demonstrations (all by default)."""
     stop_at_accuracy: float | None = None
@@ -83,11 +84,15 @@ class WarmupConfig:
     seed: int = 0
     """Seed of the demonstration order."""
     threads: int = 1
+    """torch threads of the warm-up (torch.set_num_threads)."""
     device: str = "cpu"
+    """torch device of the model (cpu, cuda, cuda:1, ...)."""
     dtype: str = "float32"
+    """float32 | bfloat16 | float16."""
     chat: str = "auto"
     """Demonstrations as conversations in the model's chat template (auto: when it has one; off: raw prompts)."""
     progress: bool = True
+    """A progress bar on stderr (log lines with the time left where stderr is not a terminal)."""
 
     def validate(self) -> None:
         if not self.model or not self.out:

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import re
 import shutil
@@ -421,10 +422,8 @@ def test_every_flag_has_help_text_and_every_command_is_listed(capsys, monkeypatc
     screens = [["train", "--algo", a] for a in algo_names("control")] + \
         [["llm", "train", "--algo", a] for a in algo_names("llm")] + [["llm", c] for c in ("eval", "warmup", "export")]
     for argv in screens:
-        try:
+        with contextlib.suppress(SystemExit):
             main([*argv, "--help"])
-        except SystemExit:
-            pass
         text = capsys.readouterr().out
         assert "--" in text and _flags_without_help(text) == [], (argv, _flags_without_help(text))
     assert _flags_without_help("│ --adam-beta1 FLOAT     (default: 0.9) │\n│ --lr FLOAT  the rate (default: 1) │") == \

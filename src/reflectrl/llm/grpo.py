@@ -143,16 +143,17 @@ class GRPO(PolicyUpdate, Trainer):
         follow the task and the model."""
         config.validate()
         self.algo_name = config.algo
-        chat = uses_chat(config.model, config.chat)
-        self.task = with_self_report(get_task(config.task, **config.task_kwargs()), config.self_report, chat=chat)
-        if hasattr(self.task, "sandbox_batch"):
-            self.task.sandbox_batch = config.sandbox_batch
-        # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load);
+        task = get_task(config.task, **config.task_kwargs())  # an unknown task or option fails before any model work
         # the model is recorded as an absolute folder (a named model's: the one it was converted into, with its name),
         # so the run resumes and evaluates from any folder
         folder, name = record_model(base_model_of(config.model, config.model_name))
         config = dataclasses.replace(config, model=folder, model_name=name or config.model_name,
                                      task_options=absolute_option_paths(config.task_options))
+        # a chat model's budgets are its task's chat budgets (read from the model's files, before any weights load)
+        chat = uses_chat(config.model, config.chat)
+        self.task = with_self_report(task, config.self_report, chat=chat)
+        if hasattr(self.task, "sandbox_batch"):
+            self.task.sandbox_batch = config.sandbox_batch
         return config.resolved(self.task, chat=chat)
 
     def _compose(self, hooks: list[GRPOHook],

@@ -242,7 +242,7 @@ def test_a_logged_chat_episode_is_what_the_engine_was_given(tok):
     """The rollout's record of a chat episode with a confidence question: the ids the engine was given for its last
     turn plus what it sampled are the logged ids, and the transcript is their decoding (the question in its chat
     wording with its prefill, not the raw prompt's question)."""
-    from reflectrl.llm.rollout import exact_ids
+    from reflectrl.llm.rollout import logged_episode
 
     policy = tiny_chat_policy(tok)
     task = with_self_report(get_task("arith"), "confidence")
@@ -250,7 +250,7 @@ def test_a_logged_chat_episode_is_what_the_engine_was_given(tok):
     engine = Scripted(tok, policy.chat.end_of_turn, [["42"], [" 0.9"]])
     ro = Rollout(policy, engine, task, max_new_tokens=8, max_turns=2, max_response_tokens=200, reward_workers=0)
     batch, _ = ro.run([problem], 1, torch.Generator().manual_seed(0))
-    episode = {"transcript": batch.transcripts[0], **exact_ids(batch.to_records()[0])}
+    episode = logged_episode(tok, True, batch.to_records()[0], batch.transcripts[0])
     _decodes_to_what_was_seen(tok, episode)
     given = engine.calls[-1][0][0]  # the context of the report turn, as the engine received it
     assert episode["prompt_ids"] + episode["response_ids"] == list(given) + enc(tok, " 0.9") + [policy.chat.end_of_turn]
@@ -312,7 +312,11 @@ def test_the_inline_report_is_completed_in_the_answers_own_message(tok):
                                                  {"role": "assistant", "content": message}])
     trained = batch.response_ids[0][batch.completion_mask[0]].tolist()
     assert trained == enc(tok, str(value)) + enc(tok, "8</confidence>") + [eot]  # the opened tag is context
-    assert "".join(t for _, t in batch.transcripts[0][1:]) == message + "<|im_end|>"
+    from reflectrl.llm.rollout import logged_episode
+
+    shown = logged_episode(tok, True, batch.to_records()[0], batch.transcripts[0])["transcript"]
+    assert [k for k, _ in shown] == ["prompt", "policy", "env", "policy"]
+    assert "".join(t for _, t in shown[1:]) == message + "<|im_end|>"
     ro.close()
 
 

@@ -23,7 +23,7 @@ from .engines import make_engine
 from .eval_progress import EvalMeter
 from .models import base_model_of
 from .policy import Policy, load_policy
-from .rollout import Rollout, exact_ids
+from .rollout import Rollout, logged_episode
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -184,7 +184,9 @@ def _roll_out(policy: Policy, ro: Rollout, problems: list[Problem], per: int, gr
             r.finals += [(rows[-1] if rows else {}) for rows in batch.infos]
             r.episodes += [(rows, bool(c)) for rows, c in zip(batch.infos, batch.correct.tolist())]
             if transcripts:
-                r.kept += [{"problem": p.id, "correct": bool(c), "infos": rows, "transcript": tr, **exact_ids(rec)}
+                chat = policy.chat is not None
+                r.kept += [{"problem": p.id, "correct": bool(c), "infos": rows,
+                            **logged_episode(policy.tokenizer, chat, rec, tr)}
                            for p, rows, tr, c, rec in zip(batch.problems, batch.infos, batch.transcripts,
                                                           batch.correct.tolist(), batch.to_records())]
             meter.done(float(r.correct[:s + len(chunk)].mean()))

@@ -48,7 +48,7 @@ from .episodes import (
 )
 from .models import base_model_of, record_model, uses_chat
 from .policy import load_policy
-from .rollout import Rollout, RolloutStats, exact_ids
+from .rollout import Rollout, RolloutStats, logged_episode
 from .update import REPORT_ENTROPY, ROW_ID, VALUE_HEAD, PolicyUpdate
 
 
@@ -475,10 +475,10 @@ class GRPO(PolicyUpdate, Trainer):
         firsts = firsts[:self.cfg.samples_per_log]
         with open(path, "a") as fh:
             for i, rec in zip(firsts, batch.to_records(firsts)):
+                episode = logged_episode(self.policy.tokenizer, self.policy.chat is not None, rec, batch.transcripts[i])
                 fh.write(json.dumps(strict({"update": self.update_idx, "problem_id": batch.problems[i].id,
-                                            "transcript": batch.transcripts[i], "score": float(batch.scores[i]),
-                                            "reward": float(trained_reward(batch)[i]),
-                                            "correct": bool(batch.correct[i]), **exact_ids(rec)})) + "\n")
+                                            "score": float(batch.scores[i]), "reward": float(trained_reward(batch)[i]),
+                                            "correct": bool(batch.correct[i]), **episode})) + "\n")
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy on the first ``eval_problems`` problems of ``eval_split``."""

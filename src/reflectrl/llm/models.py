@@ -210,8 +210,8 @@ def record_model(model: str) -> tuple[str, str]:
     """``(folder, name)`` as a run records ``--model``: a named model or a GGUF file as the absolute folder it was
     converted into, with the name it was given (so that a run whose converted folder has gone, or whose cache moved,
     resumes from the name); an existing local path made absolute, with no name; a hub id as given."""
-    if model in NAMED_MODELS or (is_gguf(model) and not Path(model).expanduser().is_dir()):
-        name = model if model in NAMED_MODELS else str(Path(model).expanduser().resolve())
+    name = given_name(model)
+    if name:
         return str(Path(resolve_model(model)).resolve()), name
     p = Path(model).expanduser()
     return (str(p.resolve()) if p.exists() else model), ""

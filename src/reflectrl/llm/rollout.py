@@ -76,6 +76,26 @@ def exact_ids(record: dict[str, Any]) -> dict[str, Any]:
             "completion_mask": [int(x) for x in record["completion_mask"]]}
 
 
+def logged_episode(tok: Any, chat: bool, record: dict[str, Any], transcript: list[tuple[str, str]]) -> dict[str, Any]:
+    """A logged episode: its :func:`exact_ids` and its transcript. With a chat model each turn is the decoding of the
+    exact ids the model was given or sampled (the template's markers, a question in its chat wording with its prefill,
+    the end-of-turn token): the prompt, then each run of the agent's own tokens and of the environment's, told apart
+    by the completion mask; with raw prompts the rollout's texts (what was encoded). Decoded here, where an episode is
+    written, not in the rollout."""
+    ids = exact_ids(record)
+    if chat:
+        runs: list[tuple[str, list[int]]] = []
+        for t, own in zip(ids["response_ids"], ids["completion_mask"]):
+            kind = "policy" if own else "env"
+            if runs and runs[-1][0] == kind:
+                runs[-1][1].append(t)
+            else:
+                runs.append((kind, [t]))
+        texts = decode_batch(tok, [ids["prompt_ids"], *(r for _, r in runs)])
+        transcript = [("prompt", texts[0]), *((k, t) for (k, _), t in zip(runs, texts[1:]))]
+    return {"transcript": transcript, **ids}
+
+
 def single_token_stops(tok: Any, stops: Sequence[str]) -> list[int]:
     """Ids of the stop sequences that are a single token (the sampler ends rows on them directly)."""
     out = []
@@ -209,7 +229,7 @@ class Rollout:
             if text not in encoded:
                 encoded[text] = list(self.encode_prompt(text))
             row.prompt_ids = encoded[text]
-            row.transcript.append(("prompt", self._shown(row.prompt_ids, text)))
+            row.transcript.append(("prompt", text))
         last: tuple[list, int] | None = None
         for turn in range(self.max_turns):
             active = [r for r in rows if not r.done]
@@ -269,7 +289,7 @@ class Rollout:
                 ids, text, stopped = self._finish_completion(ids, body, text)
                 row.last_logp = None if lp is None else [float(x) for x in lp[:len(ids)]]
                 done.append((row, ids, budget, stopped, text))
-                row.transcript.append(("policy", self._shown(ids, text)))
+                row.transcript.append(("policy", text))
             futures = self._score_chunk([(d[0], d[-1]) for d in done], stats)
             pending += [(row, ids, budget, stopped, f) for (row, ids, budget, stopped, _), f in zip(done, futures)]
         return pending
@@ -282,10 +302,9 @@ class Rollout:
             closed = bool(ids) and self.chat is not None and ids[-1] == self.chat.end_of_turn
             if closed and not done and getattr(feedback, "continuation", False):
                 # the environment continues the agent's own message (an inline report's opened tag): the end-of-turn
-                # token it sampled is dropped, never trained, and the transcript shows the turn without it
+                # token it sampled is dropped, never trained
                 ids, closed = ids[:-1], False
                 row.last_logp = None if row.last_logp is None else row.last_logp[:-1]
-                row.transcript[-1] = ("policy", self._shown(ids, ""))
             row.segments.append(Segment(list(ids), "policy", turn, float(reward), logp=row.last_logp))
             row.used += len(ids)
             row.score += float(reward)
@@ -303,13 +322,7 @@ class Rollout:
             if fb:
                 row.segments.append(Segment(fb, "env", turn))
                 row.used += len(fb)
-                row.transcript.append(("env", self._shown(fb, feedback)))
-
-    def _shown(self, ids: list[int], text: str) -> str:
-        """A turn as the transcript records it: with a chat model the decoding of the exact ids the model was given
-        or sampled (the template's markers, the question asked in its chat wording and its prefill, the end-of-turn
-        token), so that a transcript shows what the model saw; with raw prompts the text that was encoded."""
-        return text if self.chat is None else decode_batch(self.policy.tokenizer, [ids])[0]
+                row.transcript.append(("env", feedback))
 
     def _encode_feedback(self, text: str, closed: bool = True) -> list[int]:
         """``encode_feedback(text)``, remembered: a reply is encoded on its own, so its ids never depend on the

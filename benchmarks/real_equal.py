@@ -41,6 +41,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     # reflectrl's batch rank reward on the report's own tokens (split credit), in the same form
     "rlcr-inline-batch-rank": ("--algo", "rlcr", "--self-report", "inline", "--rlcr-credit", "split",
                                "--rlcr-calibration", "batch-rank"),
+    # refgrpo's reflection in the answer's own message
+    "refgrpo-inline": ("--algo", "refgrpo", "--self-report", "inline-reflect"),
 }
 RESULTS = "real_equal.json"
 METRICS = ("accuracy", "auroc", "ece", "brier", "mean_confidence", "confidence_missing_rate")
@@ -74,12 +76,18 @@ def evaluation(model: str, split: str, limit: int, log: Path) -> dict[str, Any]:
     return {**keep, "n": res.get("n"), "reports": res.get("reports"), "command": "reflectrl " + " ".join(args)}
 
 
+def start_of(a: argparse.Namespace, seed: int) -> str:
+    """The model a seed's arms start from: ``base``, or ``--start`` with ``{seed}`` filled in (each seed's own)."""
+    return "base" if a.start == "base" else str(Path(a.start.format(seed=seed)).resolve())
+
+
 def one(a: argparse.Namespace, arm: str, seed: int) -> None:
-    start = "base" if a.start == "base" else str(Path(a.start).resolve())
+    start = start_of(a, seed)
     key = f"{a.start}|{a.updates}|{arm}|{seed}|{a.split}"
     if key in load()["runs"]:
         return
-    run = Path(a.out) / f"{Path(a.start).name}_u{a.updates}" / f"{arm}_s{seed}"
+    name = "base" if a.start == "base" else ("late" if "{seed}" in a.start else Path(a.start).name)
+    run = Path(a.out) / f"{name}_u{a.updates}" / f"{arm}_s{seed}"
     log = Path(a.out) / "logs" / f"{run.parent.name}_{arm}_s{seed}.log"
     train_file = run / "train_summary.json"
     if train_file.is_file():
@@ -97,18 +105,20 @@ def one(a: argparse.Namespace, arm: str, seed: int) -> None:
                "train_command": "reflectrl llm train " + " ".join([*ARMS[arm], *TASK, *TRAIN]), **res})
 
 
-def base_eval(a: argparse.Namespace) -> None:
-    key = f"{a.start}|0|start|0|{a.split}"
+def base_eval(a: argparse.Namespace, seed: int = 0) -> None:
+    """The start's own evaluation (each seed's where ``--start`` names each seed's model)."""
+    key = f"{a.start}|0|start|{seed}|{a.split}"
     if key not in load()["runs"]:
-        model = MODEL if a.start == "base" else a.start
-        save(key, {"start": a.start, "updates": 0, "arm": "start", "seed": 0, "split": a.split,
-                   **evaluation(model, a.split, a.limit, Path(a.out) / "logs" / "start.log")})
+        model = MODEL if a.start == "base" else start_of(a, seed)
+        save(key, {"start": a.start, "updates": 0, "arm": "start", "seed": seed, "split": a.split,
+                   **evaluation(model, a.split, a.limit, Path(a.out) / "logs" / f"start_s{seed}.log")})
 
 
 def run(a: argparse.Namespace) -> None:
     jobs = [(arm, s) for s in a.seeds for arm in a.arms]
     with ThreadPoolExecutor(a.jobs) as pool:
-        futures = [pool.submit(base_eval, a)] + [pool.submit(one, a, arm, s) for arm, s in jobs]
+        starts = [0] if "{seed}" not in a.start else a.seeds
+        futures = [pool.submit(base_eval, a, s) for s in starts] + [pool.submit(one, a, arm, s) for arm, s in jobs]
         for f in futures:
             f.result()
     print(render([RESULTS]))
@@ -170,7 +180,7 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=["grpo", "rlcr-inline"], choices=sorted(ARMS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     ap.add_argument("--updates", type=int, default=30, help="updates of every arm (equal work)")
-    ap.add_argument("--start", default="base", help="base, or a model folder every arm starts from (late start)")
+    ap.add_argument("--start", default="base", help="base, or a model folder every arm starts from (late start; {seed} in it: each seed's own)")
     ap.add_argument("--split", default="validation", choices=("validation", "heldout"))
     ap.add_argument("--limit", type=int, default=200, help="problems evaluated")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each at one thread)")

@@ -89,15 +89,33 @@ def test_self_reports_parse_from_bpe_completions(tok):
     assert parse_report("confidence", decoded("I am sure")) is None
 
 
+def test_inline_reports_parse_with_or_without_their_closing_tag(tok):
+    """After the opened tag the report is the digits (or the word) the model wrote first, closed or cut short; what
+    does not start with one is missing."""
+    from reflectrl.tasks.selfreport import parse_inline
+
+    def decoded(text):
+        return tok.decode(enc(tok, text))
+
+    assert parse_inline("confidence", decoded("95</confidence>")) == 0.95
+    assert parse_inline("confidence", decoded("95</")) == 0.95 and parse_inline("confidence", decoded("7")) == 0.7
+    assert parse_inline("confidence", decoded("05 or so")) == 0.05
+    assert parse_inline("confidence", decoded(" high")) is None and parse_inline("confidence", None) is None
+    assert parse_inline("reflect", decoded("solved</reflect>")) == 1.0
+    assert parse_inline("reflect", decoded("unsolved</")) == 0.0
+    assert parse_inline("reflect", decoded("solvedly")) is None and parse_inline("reflect", decoded("yes")) is None
+
+
 class Scripted:
     """A generation engine that answers each call with the next scripted texts (encoded canonically) and the
-    end-of-turn token; records the stop ids it was given."""
+    end-of-turn token; records the stop ids and the budgets it was given."""
 
     def __init__(self, tok, eot, turns):
-        self.tok, self.eot, self.turns, self.calls = tok, eot, list(turns), []
+        self.tok, self.eot, self.turns, self.calls, self.budgets = tok, eot, list(turns), [], []
 
     def generate(self, prompts, max_new_tokens, generator, greedy=False, stop_ids=()):
         self.calls.append((list(prompts), tuple(stop_ids)))
+        self.budgets.append(list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else max_new_tokens)
         texts = self.turns.pop(0)
         out = []
         for text in texts[:len(prompts)]:
@@ -287,8 +305,10 @@ def test_the_inline_report_is_completed_in_the_answers_own_message(tok):
     """The inline form on a chat model: the first message asks for the tag, the environment opens it after the
     answer in the same assistant message (the end-of-turn the model sampled dropped), and the model completes it:
     the row is the template's rendering of one user message and one assistant message, the answer's and the
-    report's tokens trained and the opened tag context; a malformed report is a missing one, never an error."""
-    from reflectrl.tasks.selfreport import INLINE_ASKS, INLINE_OPENINGS
+    report's tokens trained and the opened tag context; a malformed report is a missing one, never an error. The
+    report's completion gets its own small budget, and the response budget is the inner task's plus room for it."""
+    from reflectrl.llm.config import GRPOConfig, response_budget
+    from reflectrl.tasks.selfreport import INLINE_ASKS, INLINE_OPENINGS, INLINE_REPORT_TOKENS, INLINE_ROOM
 
     policy = tiny_chat_policy(tok)
     task = with_self_report(get_task("arith"), "inline", chat=True)
@@ -304,6 +324,9 @@ def test_the_inline_report_is_completed_in_the_answers_own_message(tok):
     assert prompt.endswith(INLINE_ASKS["confidence"]) and "<confidence>" in prompt
     first, second = batch.infos[0][-1], batch.infos[1][-1]
     assert batch.correct.tolist() == [True, False]
+    assert engine.budgets == [[8, 8], [INLINE_REPORT_TOKENS] * 2]
+    resolved = GRPOConfig(model="m", max_new_tokens=8).resolved(task, chat=True)
+    assert resolved.max_turns == 2 and resolved.max_response_tokens == response_budget(8, 1, False) + INLINE_ROOM
     assert first["confidence"] == 0.8 and first["self_report_valid"] and first["self_report"] == "confidence"
     assert "confidence" not in second and second["self_report_valid"] is False
     eot = policy.chat.end_of_turn

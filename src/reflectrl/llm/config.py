@@ -221,7 +221,7 @@ class GRPOConfig(RunOptions):
         multi = bool(getattr(task, "multi_turn", False))
         turns = self.max_turns or (int(getattr(task, "max_turns", 6)) if multi else 1)
         per_turn = self.max_new_tokens or default_new_tokens(task, self.self_report, chat=chat)
-        budget = self.max_response_tokens or response_budget(per_turn, turns, multi, chat)
+        budget = self.max_response_tokens or task_response_budget(task, per_turn, turns, chat)
         return dataclasses.replace(self, max_turns=turns, max_new_tokens=per_turn, max_response_tokens=budget,
                                    norm_len=self.norm_len or budget)
 
@@ -313,6 +313,17 @@ def response_budget(per_turn: int, turns: int, multi: bool, chat: bool = False) 
     """The default token budget of a whole response: completion budget x turns, x 2 for a multi-turn task's feedback,
     plus :data:`CHAT_REPLY_TOKENS` per reply with a chat model."""
     return per_turn * turns * (2 if multi else 1) + (CHAT_REPLY_TOKENS * (turns - 1) if chat and multi else 0)
+
+
+def task_response_budget(task: Any, per_turn: int, turns: int, chat: bool = False) -> int:
+    """:func:`response_budget` of ``task``; where a chat model completes an inline report in its answer's message
+    (the task's ``inline_room``), the inner task's budget (a turn fewer) plus that room."""
+    multi = bool(getattr(task, "multi_turn", False))
+    room = getattr(task, "inline_room", None)
+    if chat and room is not None:
+        inner = getattr(task, "task", task)
+        return response_budget(per_turn, turns - 1, bool(getattr(inner, "multi_turn", False)), chat) + int(room)
+    return response_budget(per_turn, turns, multi, chat)
 
 
 PROVIDED = frozenset({"values"})  # estimator inputs the trainer computes: values from a critic head

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ConfigError, ReflectRLError
 from ..tasks.base import SPLITS, Problem, Task, get_task
-from .config import response_budget
+from .config import task_response_budget
 from .engines import make_engine
 from .eval_progress import EvalMeter
 from .models import base_model_of
@@ -90,7 +90,7 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     own = meter is None
     meter = meter if meter is not None else EvalMeter(len(problems), 1, progress, title)
     ro = Rollout(policy, meter.engine(make_engine(engine, policy, temperature)), task, max_new_tokens, turns,
-                 max_response_tokens or response_budget(max_new_tokens, turns, multi, policy.chat is not None),
+                 max_response_tokens or task_response_budget(task, max_new_tokens, turns, policy.chat is not None),
                  gen_batch, reward_workers=4)
     with meter if own else contextlib.nullcontext():
         r = _roll_out(policy, ro, problems, per, greedy, torch.Generator().manual_seed(seed), gen_batch, transcripts,

@@ -316,6 +316,7 @@ class GRPO(PolicyUpdate, Trainer):
         it. Returns this update's metrics; the batch is kept as ``last_batch``."""
         self.update_idx += 1
         marks = {"start": time.perf_counter()}
+        cpu0 = time.process_time()
         problems, group, offset, gen = self.draw_problems()
         batch, rstats, rounds, lean, gap = self.roll_out(problems, group, offset, gen, marks)
         self.advantages(batch)
@@ -337,6 +338,7 @@ class GRPO(PolicyUpdate, Trainer):
         rec.update(losses)
         rec.update(rstats.as_metrics())
         rec.update(self.timings(marks, rstats))
+        rec["time/cpu_iteration"] = time.process_time() - cpu0  # this process's CPU seconds (all its threads)
         for m in [*self.methods, *self.hooks]:
             rec.update(m.metrics())
         self.last_batch = batch

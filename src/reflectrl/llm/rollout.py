@@ -43,7 +43,7 @@ class RolloutStats:
 
 class _Row:
     __slots__ = ("problem", "env", "prompt_ids", "segments", "score", "correct", "truncated", "done", "transcript",
-                 "infos", "used", "last_logp")
+                 "infos", "used", "last_logp", "next_budget")
 
     def __init__(self, problem: Problem, env: Any):
         self.problem, self.env = problem, env
@@ -54,6 +54,7 @@ class _Row:
         self.infos: list[dict[str, Any]] = []
         self.used = 0
         self.last_logp: list[float] | None = None  # the engine's log-probs of the latest completion, if it gave them
+        self.next_budget: int | None = None  # the budget the environment's last reply set for the next completion
 
     def context(self) -> list[int]:
         return self.prompt_ids + [t for s in self.segments for t in s.ids]
@@ -255,7 +256,7 @@ class Rollout:
         left = self.max_response_tokens - row.used
         if self.max_positions is not None:
             left = min(left, self.max_positions - len(row.prompt_ids) - row.used)
-        return min(self.max_new_tokens, left)
+        return min(self.max_new_tokens if row.next_budget is None else row.next_budget, left)
 
     def _generate(self, active: list[_Row], generator: torch.Generator, greedy: bool,
                   stats: RolloutStats) -> list[tuple[_Row, list[int], int, bool, Future]]:
@@ -319,6 +320,7 @@ class Rollout:
             if fb and row.used + len(fb) >= self.max_response_tokens:
                 row.done = row.truncated = True
                 continue
+            row.next_budget = getattr(feedback, "max_tokens", None)
             if fb:
                 row.segments.append(Segment(fb, "env", turn))
                 row.used += len(fb)

@@ -150,17 +150,21 @@ class Reply(str):
     """An environment's reply whose form in a conversation differs from its raw text: a chat model reads ``chat``
     as the user's turn (default: the text without surrounding whitespace) and its answer turn opens with
     ``prefill`` (context, not trained). A plain ``str`` reply is its own chat form. A ``continuation`` is no turn
-    at all: ``prefill`` continues the agent's own message (the inline self-report's opened tag)."""
+    at all: ``prefill`` continues the agent's own message (the inline self-report's opened tag). ``max_tokens``: the
+    token budget of the agent's completion that follows (None: the rollout's per-turn budget)."""
 
     chat: str
     prefill: str
     continuation: bool
+    max_tokens: int | None
 
-    def __new__(cls, text: str, chat: str | None = None, prefill: str = "", continuation: bool = False) -> Reply:
+    def __new__(cls, text: str, chat: str | None = None, prefill: str = "", continuation: bool = False,
+                max_tokens: int | None = None) -> Reply:
         obj = super().__new__(cls, text)
         obj.chat = text.strip() if chat is None else chat
         obj.prefill = prefill
         obj.continuation = continuation
+        obj.max_tokens = max_tokens
         return obj
 
 

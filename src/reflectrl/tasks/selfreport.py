@@ -39,6 +39,14 @@ INLINE_OPENINGS = {"confidence": " <confidence>0.", "reflect": " <reflect>"}
 """How the environment opens the report's tag after a chat model's answer (inline form): the confidence's tag with
 its leading ``0.`` (the model writes its digits, so that every well-formed report is a number in [0, 1)), the
 reflection's tag alone (the model writes solved or unsolved)."""
+INLINE_REPORT_TOKENS = 3
+"""A chat model's budget for completing the opened tag (inline form): its report is the first word or digits it
+writes there (``95`` after ``<confidence>0.``, ``solved`` or ``unsolved`` after ``<reflect>``: 1 to 2 tokens with
+SmolLM2's tokenizer), so its message is cut after this many tokens and the closing tag is neither waited for nor
+trained. Every row of a batch decodes until its longest ends, so a report that runs on to its closing tag and the
+end of its turn (6 tokens) costs every row (``benchmarks/inline_cost.py``)."""
+INLINE_ROOM = 16
+"""Tokens of a chat model's response budget kept for the inline report: the opened tag and its completion."""
 INLINE_TOKENS = 32
 """Tokens added to a task's default completion budget when the answer itself carries its report
 (``--self-report inline``): room for ``<confidence>0.75</confidence>`` with a character-level tokenizer."""
@@ -65,6 +73,8 @@ _WORD = re.compile(r"\s*([A-Za-z]{1,16})")
 _NUMBER = re.compile(r"\s*([0-9](?:\.[0-9]{1,6})?)")
 _PERCENT = re.compile(r"\s*([0-9]{1,3}(?:\.[0-9]{1,6})?)\s*%")
 _WORDS: dict[str, float] = {"solved": 1.0, "unsolved": 0.0, "yes": 1.0, "no": 0.0}
+_INLINE_DIGITS = re.compile(r"([0-9]{1,6})(?![0-9])")
+_INLINE_WORD = re.compile(r"\s?((?:un)?solved)\b", re.IGNORECASE)
 
 
 def question(kind: str) -> Reply:
@@ -75,7 +85,8 @@ def question(kind: str) -> Reply:
 
 def inline_report(kind: str) -> Reply:
     """The inline form's continuation of a chat model's answer: the opened tag of ``kind``, in the same message."""
-    return Reply(INLINE_OPENINGS[kind], chat="", prefill=INLINE_OPENINGS[kind], continuation=True)
+    return Reply(INLINE_OPENINGS[kind], chat="", prefill=INLINE_OPENINGS[kind], continuation=True,
+                 max_tokens=INLINE_REPORT_TOKENS)
 
 
 def turn_confidences(infos: list[dict[str, Any]]) -> list[float | None]:
@@ -154,11 +165,15 @@ class SelfReportEnv:
 
 def parse_inline(kind: str, text: Any) -> float | None:
     """The report a chat model completed after the opened tag of :data:`INLINE_OPENINGS` (``text``: what it wrote
-    after it); None when malformed."""
+    after it, whether or not it closed the tag): the digits after the confidence's ``0.``, the word after
+    ``<reflect>``; None when it wrote something else first."""
     if not isinstance(text, str):
         return None
-    return parse_reflection(INLINE_OPENINGS[kind] + text) if kind == "reflect" else \
-        parse_confidence(INLINE_OPENINGS[kind] + text)
+    if kind == "reflect":
+        word = _INLINE_WORD.match(text)
+        return None if word is None else _WORDS[word.group(1).lower()]
+    digits = _INLINE_DIGITS.match(text)
+    return None if digits is None else float("0." + digits.group(1))
 
 
 class SelfReportTask:
@@ -174,6 +189,8 @@ class SelfReportTask:
         self.name = getattr(task, "name", "task")
         inner_turns = int(getattr(task, "max_turns", 6)) if getattr(task, "multi_turn", False) else 1
         self.max_turns = inner_turns + 1
+        # a chat model's inline report continues the answer's message: the inner task's response budget, plus this
+        self.inline_room = INLINE_ROOM if inline else None
         self.stop_sequences = tuple(getattr(task, "stop_sequences", ()) or ())
 
     def __getattr__(self, name: str) -> Any:  # problems, score, teacher_prompt, max_new_tokens, ...

@@ -50,7 +50,9 @@ SECTIONS = {"seed": "The seed's claims",
             "text2sql13": "Reflection on text2sql (refgrpo against GRPO, multi-turn)",
             "gear": "Finer credit from self-distillation (gear-seed, gear against GRPO)",
             "exgrpo": "Learning from experience (exgrpo against Dr.GRPO, exgrpo-seed against GRPO)",
-            "rag": "The search agent (rag: GRPO, refgrpo-seed per turn, refgrpo, rlcr)"}
+            "rag": "The search agent (rag: GRPO, refgrpo-seed per turn, refgrpo, rlcr)",
+            "real": "Self-reports at equal work on the real model"}
+TINY, REAL, CONTROL = "tiny char-level", "SmolLM2-135M-Instruct, LoRA 16", "MLP"
 HEADLINE = (  # (results file, method, section): each method's comparison on each task at its current recipe
     ("llm_claims_arith16.json", "refgrpo", "arith16"), ("llm_claims_arith16.json", "rlcr", "arith16"),
     ("llm_claims_arith17.json", "rlcr-rank", "arith17"), ("llm_claims_arith17.json", "refgrpo-balanced", "arith17"),
@@ -80,24 +82,49 @@ def effect_cell(claim: dict | None, lower_is_better: bool = False, digits: int =
 
 def claims_table(prefix: str) -> list[str]:
     """One row per method and task or env, each linking to its BENCHMARKS.md section (``prefix`` + anchor)."""
-    rows = ["| method | task or env | against | seeds | accuracy or final return: method - baseline [95% CI] | "
-            "verdict | ECE or early AUC: method - baseline [95% CI] | verdict |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| method | task or env | model | against | seeds | accuracy or final return: method - baseline [95% CI] | "
+            "verdict | ECE, AUROC (real model) or early AUC: method - baseline [95% CI] | verdict |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, method, sec in HEADLINE:
         res = load(name)
         if not res or method not in res["methods"]:
             continue
         mets = res["methods"][method]["metrics"]
         link = f"[{method}]({prefix}{anchor(SECTIONS[sec])})"
-        rows.append(f"| {link} | {res['task']} | {res['baseline']} | {len(res['methods'][method]['seeds'])} | "
+        rows.append(f"| {link} | {res['task']} | {TINY} | {res['baseline']} | {len(res['methods'][method]['seeds'])} | "
                     f"{effect_cell(mets['accuracy'].get('claim'))} | "
                     f"{effect_cell(mets.get('ece', {}).get('claim'), lower_is_better=True)} |")
+    rows += real_rows(prefix)
     seed = load("seed_claims.json")
     for env, e in (seed or {}).get("envs", {}).items():
         for m, rec in e["methods"].items():
             link = f"[{m}]({prefix}{anchor(SECTIONS['seed'])})"
-            rows.append(f"| {link} | {env} | ppo | {rec['seeds']} | {effect_cell(rec['final_claim'], digits=1)} | "
+            rows.append(f"| {link} | {env} | {CONTROL} | ppo | {rec['seeds']} | {effect_cell(rec['final_claim'], digits=1)} | "
                         f"{effect_cell(rec['early_claim'], digits=1)} |")
     return rows
+
+
+def real_rows(prefix: str) -> list[str]:
+    """The real model's rows: each self-report arm against GRPO at equal updates on held-out problems
+    (``real_equal.json``), accuracy and the stated confidence's AUROC."""
+    from real_equal import setting_claims, setting_rows, settings_of
+
+    res = load("real_equal.json")
+    runs = list((res or {}).get("runs", {}).values())
+    out = []
+    for setting in settings_of(runs):
+        form, start, updates, split = setting
+        if split != "heldout":
+            continue
+        rows, _ = setting_rows(runs, setting)
+        claims = setting_claims(rows)
+        where = f"sums, {'base' if start == 'base' else 'late'} start, {updates} updates"
+        for arm, acc in claims["accuracy"].items():
+            seeds = len({r["seed"] for r in rows if r["arm"] == arm})
+            link = f"[{arm}]({prefix}{anchor(SECTIONS['real'])})"
+            out.append(f"| {link} | {where} | {REAL} | grpo | {seeds} | {effect_cell(acc)} | "
+                       f"{effect_cell(claims['auroc'].get(arm))} |")
+    return out
 
 
 def llm_learn_results(task: str, variant: str | None = None) -> list[dict]:

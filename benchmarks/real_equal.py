@@ -106,8 +106,18 @@ def one(a: argparse.Namespace, arm: str, seed: int) -> None:
         train_file.write_text(json.dumps(summary) + "\n")
     res = evaluation(str(run), a.split, a.limit, log)
     save(key, {"start": a.start, "updates": a.updates, "arm": arm, "seed": seed, "split": a.split,
-               "report_tokens": FORM, "cpu_s": summary.get("cpu_s"), "cpu_s_per_update": summary["cpu_s"] / max(1, summary["updates"]),
+               "report_tokens": FORM, "cpu_s": summary.get("cpu_s"),
+               "cpu_s_per_update": cpu_per_update(run, summary),
                "train_command": "reflectrl llm train " + " ".join([*ARMS[arm], *TASK, *TRAIN]), **res})
+
+
+def cpu_per_update(run: Path, summary: dict[str, Any]) -> float:
+    """The mean process CPU seconds of the run's updates (``time/cpu_iteration``; older runs: the summary's CPU
+    seconds over its updates, set-up included)."""
+    from reflectrl.runlog import read_metrics
+
+    cpu = [float(r["time/cpu_iteration"]) for r in read_metrics(run / "metrics.jsonl") if "time/cpu_iteration" in r]
+    return sum(cpu) / len(cpu) if cpu else summary["cpu_s"] / max(1, summary["updates"])
 
 
 def base_eval(a: argparse.Namespace, seed: int = 0) -> None:
@@ -230,7 +240,8 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=["grpo", "rlcr-inline"], choices=sorted(ARMS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     ap.add_argument("--updates", type=int, default=30, help="updates of every arm (equal work)")
-    ap.add_argument("--start", default="base", help="base, or a model folder every arm starts from (late start; {seed} in it: each seed's own)")
+    ap.add_argument("--start", default="base",
+                    help="base, or a model folder every arm starts from (late start; {seed} in it: each seed's own)")
     ap.add_argument("--split", default="validation", choices=("validation", "heldout"))
     ap.add_argument("--limit", type=int, default=200, help="problems evaluated")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each at one thread)")

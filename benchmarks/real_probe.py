@@ -120,7 +120,7 @@ def render(files: list[str]) -> str:
         out += [f"`{d['command']}`", "",
                 "| run | validation accuracy | probe AUROC | stated AUROC | " +
                 " | ".join(f"stated AUROC, {k} (n)" for k in KINDS) + " |", "|---|---|---|---|" + "---|" * len(KINDS)]
-        for path, r in d["runs"].items():
+        for r in d["runs"].values():
             kinds = " | ".join(f"{r['kinds'][k]['stated_auroc']:.2f} ({r['kinds'][k]['n']})" for k in KINDS)
             out.append(f"| {r['arm']} s{r['seed']} | {r['validation_accuracy']:.3f} | {r['probe_auroc']:.3f} | "
                        f"{r['stated_auroc']:.3f} | {kinds} |")

@@ -11,9 +11,11 @@ calibration of the confidences each logging step (``calibration/ece``, ``calibra
 OUT/completions.jsonl`` reads it). The last line printed is a JSON list of the logged records. A model without a chat
 template gets raw prompts: warm it up to state the tag first (``reflectrl llm warmup --self-report inline``).
 Sampling follows the model as reflectrl's trainer does (temperature 0.6 for a pretrained model, 1.0 for a tiny one;
-64 completion tokens for a pretrained model). TRL generates each completion in one piece, so the tag must come from
-the model: a base SmolLM2-135M-Instruct writes none from the instruction alone (BENCHMARKS.md, "The inline form"),
-where reflectrl's own trainer opens the tag after the answer (``--self-report inline``).
+64 completion tokens for a pretrained model). A chat model gets the inline form (``--form inline``, its default): a
+base SmolLM2-135M-Instruct writes no tag from the instruction alone (BENCHMARKS.md, "The inline form"), so TRL's
+``rollout_func`` is :func:`reflectrl.integrations.trl_inline.inline_rollout`, which opens the tag after each answer
+in the same message, as reflectrl's own trainer does (``--self-report inline``), and the model writes its
+confidence there. ``--form tag``: TRL generates each completion in one piece and the tag must come from the model.
 """
 
 from __future__ import annotations
@@ -30,12 +32,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps")
     ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: every weight)")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: reflectrl's for the model)")
+    ap.add_argument("--form", choices=("auto", "inline", "tag"), default="auto",
+                    help="inline: the tag opened after the answer by the rollout; tag: written by the model; auto: "
+                         "inline for a model with a chat template")
     a = ap.parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from reflectrl.integrations.trl import CalibrationCallback, RewardLog, rlcr_reward, task_dataset, write_records
+    from reflectrl.integrations.trl_inline import inline_rollout
     from reflectrl.llm.models import has_chat_template, model_defaults, profile_of, resolve_model
 
     out = Path(a.out)
@@ -63,10 +69,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    chat = has_chat_template(path)
+    inline = a.form == "inline" or (a.form == "auto" and chat)
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), processing_class=tok,
                           reward_funcs=[rlcr_reward("arith", log=log)], args=args, peft_config=peft,
-                          train_dataset=task_dataset("arith", self_report="confidence", chat=has_chat_template(path)),
-                          callbacks=[callback])
+                          train_dataset=task_dataset("arith", self_report="inline" if inline else "confidence",
+                                                     chat=chat),
+                          rollout_func=inline_rollout("confidence") if inline else None, callbacks=[callback])
     trainer.train()
     write_records(out / "completions.jsonl", callback.kept)  # what the metrics were computed from, to check them
     print(json.dumps(callback.history))

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("trl")
 
@@ -173,3 +174,53 @@ def test_the_reward_log_keeps_the_prompt_and_the_sampled_ids():
     assert [r["prompt"] for r in rows] == [prompt, prompt] and [r["completion_ids"] for r in rows] == [[17, 2], [18]]
     R.rlcr_reward("arith", log=log)(completions=["2"], problem_id=[p.id])  # a caller that passes neither
     assert "prompt" not in log.take()[0]
+
+
+def test_the_inline_rollout_opens_the_tag_after_each_answer(tmp_path):
+    """TRL with reflectrl's inline rollout on a chat model (a tiny one with SmolLM2's tokenizer and template): every
+    completion is an answer, the opened tag (environment tokens, masked) and at most INLINE_REPORT_TOKENS report
+    tokens; the reward scores the answer alone and reads the report as reflectrl's trainer does."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from reflectrl.integrations.trl_inline import inline_rollout
+    from reflectrl.llm.models import named_tokenizer
+    from reflectrl.tasks.selfreport import INLINE_OPENINGS, INLINE_REPORT_TOKENS, parse_inline
+
+    tok = named_tokenizer("smollm2-135m-instruct")
+    torch.manual_seed(0)
+    model = tmp_path / "chat"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048)
+                     ).save_pretrained(model)
+    tok.save_pretrained(model)
+    mod = runpy.run_path(str(ROOT / "examples" / "trl_rlcr.py"))
+    history = mod["main"](["--model", str(model), "--steps", "1", "--out", str(tmp_path / "out")])
+    assert [h["step"] for h in history] == [1]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
+    task = get_task("arith")
+    problems = {p.id: p for s in ("train", "heldout") for p in task.problems(s)}
+    opening = INLINE_OPENINGS["confidence"]
+    assert len(rows) == 8
+    for r in rows:
+        answer, _, report = r["completion"].partition(opening)
+        assert _ == opening and len(tok(report, add_special_tokens=False).input_ids) <= INLINE_REPORT_TOKENS
+        assert r["outcome"] == task.score(problems[r["problem_id"]], answer)
+        assert r["confidence"] == parse_inline("confidence", report)  # None where it wrote no digits
+
+    class Trainer:  # what the rollout reads of TRL's trainer
+        processing_class = tok
+        generation_config = SimpleNamespace()
+
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    t = Trainer()
+    t.model = AutoModelForCausalLM.from_pretrained(model)
+    t.accelerator = SimpleNamespace(unwrap_model=lambda m: m)
+    t.generation_config = GenerationConfig(max_new_tokens=4, do_sample=True, eos_token_id=tok.eos_token_id,
+                                           pad_token_id=tok.pad_token_id)
+    out = inline_rollout("reflect")([[{"role": "user", "content": "What is 1 + 1?"}]] * 2, t)
+    n_open = len(tok(INLINE_OPENINGS["reflect"], add_special_tokens=False).input_ids)
+    for ids, mask, answer in zip(out["completion_ids"], out["env_mask"], out["inline_answer"]):
+        a = len(tok(answer, add_special_tokens=False).input_ids)
+        assert mask[:a] == [1] * a and mask[a:a + n_open] == [0] * n_open and len(ids) == len(mask)
+    assert out["inline_kind"] == ["reflect", "reflect"] and out["logprobs"] is None

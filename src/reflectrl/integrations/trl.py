@@ -48,15 +48,18 @@ from ..methods.rewards import reflection_bonus as _reflection_bonus
 from ..methods.rewards import rlcr_reward as _rlcr_reward
 from ..runlog import strict
 from ..tasks.base import SPLITS, Problem, chat_prompt, parse_confidence, parse_reflection, score_all, split_problems
+from ..tasks.selfreport import INLINE_ASKS, INLINE_FORMS, parse_inline
 from .verl_rewards import task_instance as _task
 
-SELF_REPORTS = ("off", "reflect", "confidence")
+SELF_REPORTS = ("off", "reflect", "confidence", "inline", "inline-reflect")
 ASK = {"off": "",
        "reflect": "After the answer, write <reflect>solved</reflect> if you are sure it is right, else "
                   "<reflect>unsolved</reflect>.",
        "confidence": "After the answer, on the same line, write <confidence>P</confidence>, where P is the "
                      "probability from 0 to 1 that your answer is right."}
-"""What a dataset's prompt adds to ask for a self-report inside the answer (the answer's own tag is the report)."""
+"""What a dataset's prompt adds to ask for a self-report inside the answer (the answer's own tag is the report).
+``inline`` and ``inline-reflect`` ask as reflectrl's trainer asks a chat model (:data:`INLINE_ASKS`), whose tag
+:func:`reflectrl.integrations.trl_inline.inline_rollout` opens after the answer."""
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -73,12 +76,16 @@ def task_dataset(task: str, split: str = "train", self_report: str = "off", task
         raise ConfigError(f"self_report must be one of {', '.join(SELF_REPORTS)}, got {self_report!r}")
     t = _task(task, task_options or {})
     problems = t.problems(split)[:limit] if limit is not None else t.problems(split)
-    ask = ASK[self_report]
+    inline = INLINE_FORMS.get(self_report)
+    ask = ASK.get(self_report, "")
     rows = []
     for p in problems:
-        if chat:
-            text = chat_prompt(t, p) + (f"\n\n{ask}" if ask else "")
+        if chat and inline:
+            text = f"{chat_prompt(t, p)} {INLINE_ASKS[inline]}"
             prompt: Any = [{"role": "user", "content": text}]
+        elif chat:
+            text = chat_prompt(t, p) + (f"\n\n{ask}" if ask else "")
+            prompt = [{"role": "user", "content": text}]
         else:  # a raw-prompt model learns the tag's place in its warm-up (reflectrl llm warmup --self-report inline)
             prompt = p.prompt
         rows.append({"prompt": prompt, "problem_id": p.id, "task": task})
@@ -123,16 +130,19 @@ class _TaskReward:
                               "with reflectrl.integrations.trl.task_dataset") from None
 
     def parts(self, completions: Sequence[Any], problem_id: Sequence[Any], prompts: Sequence[Any] | None = None,
-              completion_ids: Sequence[Sequence[int]] | None = None) -> list[dict[str, Any]]:
+              completion_ids: Sequence[Sequence[int]] | None = None, inline: dict[str, Any] | None = None
+              ) -> list[dict[str, Any]]:
         """Per completion: ``outcome`` (the task's score), ``acc`` (1 for a full score), ``reflection`` and
         ``confidence`` (NaN where not stated); recorded in the log when there is one, with the prompt as the trainer
-        gave it and the completion's token ids as sampled (where TRL passes them)."""
+        gave it and the completion's token ids as sampled (where TRL passes them). ``inline``: the columns of
+        :func:`~reflectrl.integrations.trl_inline.inline_rollout` (the answer's text, scored alone, and the report's)."""
         texts = [completion_text(c) for c in completions]
+        answers = list(inline["inline_answer"]) if inline else texts
         problems = [self._problem(pid) for pid in problem_id]
-        scores = score_all(self.task, problems, texts)
+        scores = score_all(self.task, problems, answers)
         rows: list[dict[str, Any]] = []
         for i, (p, t, s) in enumerate(zip(problems, texts, scores)):
-            r, q = parse_reflection(t), parse_confidence(t)
+            r, q = _reports(t, inline, i)
             rows.append({"problem_id": p.id, "completion": t, "outcome": float(s), "acc": 1.0 if float(s) >= 1.0 else 0.0,
                          "reflection": math.nan if r is None else float(r),
                          "confidence": math.nan if q is None else float(q)})
@@ -151,7 +161,19 @@ class _TaskReward:
                  **kwargs: Any) -> list[float]:
         if len(problem_id) != len(completions):
             raise ConfigError("a reflectrl reward needs the dataset's problem_id column (task_dataset writes it)")
-        return self.value(self.parts(completions, problem_id, prompts, kwargs.get("completion_ids")))
+        inline = {k: kwargs[k] for k in ("inline_answer", "inline_report", "inline_kind")} \
+            if "inline_report" in kwargs else None
+        return self.value(self.parts(completions, problem_id, prompts, kwargs.get("completion_ids"), inline))
+
+
+def _reports(text: str, inline: dict[str, Any] | None, i: int) -> tuple[float | None, float | None]:
+    """(reflection, confidence) of completion ``i``: the answer's own tags, or the inline report completed after the
+    tag the rollout opened."""
+    if inline is None:
+        return parse_reflection(text), parse_confidence(text)
+    kind = inline["inline_kind"][i]
+    value = parse_inline(kind, inline["inline_report"][i])
+    return (value, None) if kind == "reflect" else (None, value)
 
 
 def _vec(rows: list[dict[str, Any]], key: str) -> torch.Tensor:

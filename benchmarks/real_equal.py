@@ -190,7 +190,7 @@ def render(files: list[str]) -> str:
             out += [f"Start: {where}; {updates} updates of 8 prompts x 8 per arm; {split} problems (the first {n}), "
                     f"greedy, the confidence completed inline, {report}.", "",
                     "| arm | seeds | accuracy | AUROC, per seed [95% interval over problems] | ECE, per seed | "
-                    "mean confidence | reports parsed | selective accuracy at 50% | CPU s per update |",
+                    "mean confidence | reports parsed | selective accuracy at 50% / 80% coverage | CPU s per update |",
                     "|---|---|---|---|---|---|---|---|---|"]
             for arm, mine in [("start (no training)", base)] + [(x, [r for r in rows if r["arm"] == x]) for x in arms]:
                 if not mine:
@@ -200,7 +200,9 @@ def render(files: list[str]) -> str:
                 out.append(f"| {arm} | {len(mine)} | {_f(mean('accuracy'))} | {_f(mean('auroc'))} "
                            f"({_per_seed(mine, 'auroc')}) | {_f(mean('ece'))} ({_per_seed(mine, 'ece')}) | "
                            f"{_f(mean('mean_confidence'))} | {_f(1 - (mean('confidence_missing_rate') or 0), 2)} | "
-                           f"{_f(mean('selective_accuracy@0.5'))} | {cpu} |")
+                           f"{_f(mean('selective_accuracy@0.5'))} / {_f(mean('selective_accuracy@0.8'))} | {cpu} |")
+            if split == "heldout":
+                out += ["", reliability(rows, arms)]
             out.append("")
             for metric, claims in setting_claims(rows).items():
                 for arm, c in claims.items():
@@ -209,6 +211,32 @@ def render(files: list[str]) -> str:
                                f"{claim_text(c, lower_is_better=metric == 'ece')}")
             out.append("")
     return "\n".join(out).rstrip()
+
+
+def reliability(rows: list[dict[str, Any]], arms: list[str], bins: int = 5) -> str:
+    """Each arm's reliability diagram as a table, seeds pooled: per confidence bin, the answers in it and their
+    accuracy (a calibrated arm's accuracy is near the bin's confidence)."""
+    import numpy as np
+
+    from reflectrl.eval.calibration import reliability_bins
+
+    edges = [f"{i / bins:.1f}-{(i + 1) / bins:.1f}" for i in range(bins)]
+    out = ["Reliability, seeds pooled (per confidence bin: accuracy of its answers, and how many):", "",
+           "| arm | " + " | ".join(edges) + " |", "|---|" + "---|" * bins]
+    for arm in arms:
+        q, y = [], []
+        for r in rows:
+            rep = r.get("reports") or {}
+            if r["arm"] == arm and "confidence" in rep:
+                pairs = [(c, ok) for c, ok in zip(rep["confidence"], rep["correct"]) if c is not None]
+                q += [c for c, _ in pairs]
+                y += [float(ok) for _, ok in pairs]
+        if not q:
+            continue
+        b = reliability_bins(np.array(q), np.array(y), bins)
+        cells = [f"{a:.2f} ({int(n)})" if n else "- (0)" for a, n in zip(b["accuracy"], b["count"])]
+        out.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 ACCURACY_MARGIN = {"base": 0.03, "late": 0.02}

@@ -4,8 +4,9 @@
     python examples/trl_rlcr.py --model smollm2-135m-instruct --lora-r 16 --out runs/trl_rlcr_smol
 
 The prompts ask for the answer and a confidence in the same reply (``<confidence>P</confidence>``); the reward is
-RLCR's ``acc - (q - acc)^2`` (-2 without a confidence), scored by reflectrl's arith verifier; the callback logs the
-calibration of the confidences each logging step (``calibration/ece``, ``calibration/auroc``, ...) into
+RLCR's ``acc - (q - acc)^2`` (-2 without a confidence), scored by the task's own verifier (``--task``, default
+arith; ``--set KEY=VALUE`` its options); the callback logs the calibration of the confidences each logging step
+(``calibration/ece``, ``calibration/auroc``, ...) into
 ``trainer.state.log_history`` and ``OUT/calibration.jsonl``, and the completions they were computed from go to
 ``OUT/completions.jsonl`` (strict JSON, a confidence not stated as null: ``reflectrl calibration
 OUT/completions.jsonl`` reads it). The last line printed is a JSON list of the logged records. A model without a chat
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps")
     ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: every weight)")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: reflectrl's for the model)")
+    ap.add_argument("--task", default="arith", help="a reflectrl task (reflectrl tasks lists them)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a task option (repeatable)")
     ap.add_argument("--form", choices=("auto", "inline", "tag"), default="auto",
                     help="inline: the tag opened after the answer by the rollout; tag: written by the model; auto: "
                          "inline for a model with a chat template")
@@ -43,7 +46,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from reflectrl.integrations.trl import CalibrationCallback, RewardLog, rlcr_reward, task_dataset, write_records
     from reflectrl.integrations.trl_inline import inline_rollout
     from reflectrl.llm.models import has_chat_template, model_defaults, profile_of, resolve_model
+    from reflectrl.tasks.base import parse_options
 
+    options = parse_options(a.set)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.model is None:
@@ -72,9 +77,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     chat = has_chat_template(path)
     inline = a.form == "inline" or (a.form == "auto" and chat)
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), processing_class=tok,
-                          reward_funcs=[rlcr_reward("arith", log=log)], args=args, peft_config=peft,
-                          train_dataset=task_dataset("arith", self_report="inline" if inline else "confidence",
-                                                     chat=chat),
+                          reward_funcs=[rlcr_reward(a.task, options, log=log)], args=args, peft_config=peft,
+                          train_dataset=task_dataset(a.task, self_report="inline" if inline else "confidence",
+                                                     task_options=options, chat=chat),
                           rollout_func=inline_rollout("confidence") if inline else None, callbacks=[callback])
     trainer.train()
     write_records(out / "completions.jsonl", callback.kept)  # what the metrics were computed from, to check them

@@ -66,11 +66,20 @@ def load() -> dict[str, Any]:
 
 
 def save(key: str, value: dict[str, Any]) -> None:
-    with _lock:
+    """Add one result, under a lock that other processes of this script respect too (runs of several starts may
+    go on at once), written whole to a temporary file and renamed."""
+    import fcntl
+    import os
+
+    path = results_file(RESULTS)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _lock, open(path.with_suffix(".lock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
         data = load()
         data["runs"][key] = value
-        results_file(RESULTS).parent.mkdir(parents=True, exist_ok=True)
-        results_file(RESULTS).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
 
 
 def evaluation(model: str, split: str, limit: int, log: Path) -> dict[str, Any]:

@@ -43,6 +43,11 @@ ARMS: dict[str, tuple[str, ...]] = {
     # reflectrl's batch rank reward on the report's own tokens (split credit), in the same form
     "rlcr-inline-batch-rank": ("--algo", "rlcr", "--self-report", "inline", "--rlcr-credit", "split",
                                "--rlcr-calibration", "batch-rank"),
+    # the class-balanced rank reward, and the batch rank reward at half the report's weight
+    "rlcr-inline-rank-balanced": ("--algo", "rlcr", "--self-report", "inline", "--rlcr-credit", "split",
+                                  "--rlcr-calibration", "rank-balanced"),
+    "rlcr-inline-batch-rank-w0.5": ("--algo", "rlcr", "--self-report", "inline", "--rlcr-credit", "split",
+                                    "--rlcr-calibration", "batch-rank", "--rlcr-report-weight", "0.5"),
     # refgrpo's reflection in the answer's own message
     "refgrpo-inline": ("--algo", "refgrpo", "--self-report", "inline-reflect"),
 }

@@ -53,16 +53,16 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for name in a.tasks:
         task = get_task(name, **parse_options(a.set))
-        plain = evaluate_policy(policy, task, "validation", limit=a.limit)
+        plain = evaluate_policy(policy, task, a.split, limit=a.limit)
         row: dict[str, Any] = {"task": name, "n": plain["n"], "plain_accuracy": plain["accuracy"], "wordings": {}}
         for label, ask in ((w, WORDINGS[w]) for w in a.wordings):
-            alone = evaluate_policy(policy, _Asking(task, ask), "validation", limit=a.limit, transcripts=True)
+            alone = evaluate_policy(policy, _Asking(task, ask), a.split, limit=a.limit, transcripts=True)
             stated = [parse_confidence("".join(t for k, t in ep["transcript"] if k == "policy")) is not None
                       for ep in alone["episodes"]]
             saved = selfreport.INLINE_ASKS["confidence"]
             selfreport.INLINE_ASKS["confidence"] = ask
             try:
-                inline = evaluate_policy(policy, task, "validation", limit=a.limit, self_report="inline")
+                inline = evaluate_policy(policy, task, a.split, limit=a.limit, self_report="inline")
             finally:
                 selfreport.INLINE_ASKS["confidence"] = saved
             row["wordings"][label] = {
@@ -71,7 +71,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 "inline_auroc": inline.get("auroc"), "inline_mean_confidence": inline.get("mean_confidence")}
             print(json.dumps({name: row["wordings"][label]}), flush=True)
         rows.append(row)
-    return {"model": MODEL, "split": "validation", "limit": a.limit, "task_options": a.set, "rows": rows}
+    return {"model": MODEL, "split": a.split, "limit": a.limit, "task_options": a.set, "rows": rows}
 
 
 def _f(x: Any) -> str:
@@ -101,5 +101,7 @@ if __name__ == "__main__":
     ap.add_argument("--tasks", nargs="+", default=["arith", "text2sql"])
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task option (e.g. ops=+)")
     ap.add_argument("--wordings", nargs="+", default=list(WORDINGS), choices=list(WORDINGS))
+    ap.add_argument("--split", default="validation", choices=("validation", "heldout"),
+                    help="validation chooses the wording; heldout checks the chosen one once")
     ap.add_argument("--limit", type=int, default=60, help="validation problems per task")
     main(ap, measure, render)

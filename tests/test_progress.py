@@ -113,3 +113,14 @@ def test_a_budget_shows_what_is_used_and_sets_the_time_left_and_the_log_cadence(
         now[0] += 4.0
         far.update(2, 0.5, None)  # the count ends long before the budget: its estimate stands
         assert far.time_left() == pytest.approx(16.0) and "about 16s left," in far.line()
+
+
+def test_a_terminal_bar_puts_a_self_labelled_value_and_the_budget_on_a_line_below():
+    from reflectrl.progress import Budget
+
+    tty = Terminal()
+    with TrainProgress(100, True, "g", "updates/s", "", stream=tty, budgets=[Budget("CPU", 60.0, lambda: 30.0)]) as bar:
+        bar.update(1, 0.5, "reward 0.250, accuracy 0.125")
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", tty.getvalue()).replace("\r", "\n")
+    assert "\n  CPU 30s of 1m used (50%), reward 0.250, accuracy 0.125\n" in plain, plain
+    assert re.search(r"g .* 1/100 +0.5 updates/s", plain), plain

@@ -88,6 +88,32 @@ def _rate(rate: float) -> str:
     return f"{rate:.3g}" if rate < 100 else f"{rate:.0f}"
 
 
+def _bar(stream: TextIO, rate_label: str, value_label: str) -> Any:
+    """The ``rich`` bar: description, bar, count, rate and the time left, then what is used of each budget and the
+    loop's value: beside them under its label, or (no label: a value that names its own parts, often long) on a line
+    of their own below the bar."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+    from rich.text import Text
+
+    class TwoLines(Progress):
+        def get_renderables(self) -> Any:
+            yield self.make_tasks_table(self.tasks)
+            for task in self.tasks:
+                parts = [task.fields.get("budget", ""), "" if task.fields.get("value") == "-" else task.fields["value"]]
+                if any(parts):
+                    yield Text("  " + ", ".join(str(x) for x in parts if x), overflow="fold")
+
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[count]}"),
+               TextColumn("{task.fields[rate]:>7} " + rate_label, markup=False),
+               TextColumn("{task.fields[left]}", markup=False)]
+    if value_label:
+        return Progress(*columns, TextColumn("{task.fields[budget]}", markup=False),
+                        TextColumn(value_label + " {task.fields[value]}", markup=False), transient=False,
+                        console=Console(file=stream))
+    return TwoLines(*columns, transient=False, console=Console(file=stream))
+
+
 class TrainProgress:
     """Context manager showing a loop's progress on stderr (nothing when not ``enabled``): a ``rich`` bar on a
     terminal, else the log lines of the module docstring. ``rate_label`` and ``value_label`` name the two numbers
@@ -104,16 +130,7 @@ class TrainProgress:
         self.terminal = enabled and _is_terminal(self._stream)
         self.budgets = tuple(budgets)
         if self.terminal:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn
-
-            label = f"{value_label} " if value_label else ""
-            self._p = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
-                TextColumn("{task.fields[rate]:>7} " + rate_label, markup=False),
-                TextColumn(label + "{task.fields[value]}", markup=False), TextColumn("{task.fields[left]}", markup=False),
-                transient=False, console=Console(file=self._stream),
-            )
+            self._p = _bar(self._stream, rate_label, value_label)
         self._task: Any = None
         self._total, self._description = total, description
         self._rate_label, self._value_label = rate_label, value_label
@@ -213,9 +230,8 @@ class TrainProgress:
     def _fields(self) -> dict[str, Any]:
         """The bar's position and text fields (a terminal): the count, the time left and the budgets."""
         done = math.floor(self.completed + 1e-9)
-        left = self._left_text()
         return {"completed": self.fraction() * self._total, "count": f"{done}/{self._total}",
-                "left": ", ".join([*(b.describe() for b in self.budgets), *([left] if left else [])])}
+                "left": self._left_text(), "budget": ", ".join(b.describe() for b in self.budgets)}
 
     def _left_text(self) -> str:
         """``about 4m left``, ``about 48m left (CPU budget)``, ``done``, ``CPU budget spent``, or empty before any

@@ -10,10 +10,12 @@ import contextlib
 import dataclasses
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ..runlog import strict
+from .eval_report import report_warnings, summary_lines
 from .util import check_device, check_seed, print_json, run_command
 
 USAGE = """usage: reflectrl llm COMMAND [ARGS]
@@ -171,8 +173,6 @@ def cmd_eval(argv: list[str]) -> int:
                    progress=not a.no_progress)
     episodes = res.pop("episodes", None)
     if a.transcripts is not None:
-        from pathlib import Path
-
         Path(a.transcripts).parent.mkdir(parents=True, exist_ok=True)
         with open(a.transcripts, "w") as fh:
             for ep in episodes or []:
@@ -181,13 +181,10 @@ def cmd_eval(argv: list[str]) -> int:
         print(f"warning: {line}", file=sys.stderr)
     if a.json:
         print_json(res)
-    else:
-        lo, hi = res["ci"]
-        extra = "".join(f", {k} {v:.3f}" for k, v in res.items() if k.startswith("pass@") and not k.endswith("_ci"))
-        print(f"{a.model_or_run_dir} on {res['task']}/{res['split']}: accuracy {res['accuracy']:.3f} "
-              f"[{lo:.3f}, {hi:.3f}] ({res['mode']}, n={res['n']}){extra}")
-        for line in report_lines(res):
-            print(f"  {line}")
+    # the summary in words: after the JSON line, on stderr (stdout stays one JSON object); else the output itself
+    out = sys.stderr if a.json else sys.stdout
+    for line in summary_lines(res, a.model_or_run_dir):
+        print(line, file=out)
     return 0
 
 
@@ -254,55 +251,6 @@ def _check_eval_args(a: argparse.Namespace, argv: list[str]) -> None:
         raise ConfigError("--samples needs --temperature > 0")
     check_seed(a.seed)
     check_device(a.device)
-
-
-def _fmt(x: Any) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def report_lines(res: dict[str, Any]) -> list[str]:
-    """The self-report part of an evaluation, in words (what ``--json`` holds as fields)."""
-    out = []
-    if res.get("reflection_missing_rate") is not None:
-        out.append(f"reflection: accuracy {_fmt(res.get('reflection_accuracy'))} (best constant "
-                   f"{_fmt(res.get('best_constant'))}), underconfidence {_fmt(res.get('underconfidence'))}, "
-                   f"overconfidence {_fmt(res.get('overconfidence'))}, missing {100 * res['reflection_missing_rate']:.0f}%")
-    if res.get("confidence_missing_rate") is not None:
-        out.append(f"confidence: mean {_fmt(res.get('mean_confidence'))}, ECE {_fmt(res.get('ece'))}, Brier "
-                   f"{_fmt(res.get('brier'))}, AUROC {_fmt(res.get('auroc'))}, missing "
-                   f"{100 * res['confidence_missing_rate']:.0f}%")
-        out += _confidence_extras(res)
-    return out
-
-
-def _interval(res: dict[str, Any], name: str) -> str:
-    """Metric ``name``'s interval ``[low, high]``, or why there is none."""
-    ci = res.get(f"{name}_ci")
-    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"none, {res.get(f'{name}_no_ci') or 'the value is undefined'}"
-
-
-def _confidence_extras(res: dict[str, Any]) -> list[str]:
-    """The intervals of a confidence's AUROC and ECE and its selective accuracies, in words (empty without them)."""
-    out = []
-    if "auroc_ci" in res:
-        out.append(f"confidence {100 * res.get('ci_level', 0.95):g}% intervals: AUROC (DeLong) {_interval(res, 'auroc')}; "
-                   f"ECE (bootstrap over problems) {_interval(res, 'ece')}")
-    kept = [(float(k.split("@")[1]), v) for k, v in res.items() if k.startswith("selective_accuracy@")]
-    if kept:
-        out.append("selective accuracy (the most confident answers kept; a missing confidence abstains): " +
-                   ", ".join(f"{_fmt(v)} at {100 * c:g}%" + (" coverage" if not i else "") for i, (c, v) in enumerate(kept)))
-    return out
-
-
-def report_warnings(res: dict[str, Any]) -> list[str]:
-    """A warning per kind of self-report that most episodes did not state (its metrics are of the rest)."""
-    out = []
-    for kind, key in (("reflections", "reflection_missing_rate"), ("confidences", "confidence_missing_rate")):
-        rate = res.get(key)
-        if rate is not None and rate > 0.5:
-            out.append(f"{100 * rate:.0f}% of the {kind} asked for are missing or malformed: their calibration is "
-                       "computed on the rest")
-    return out
 
 
 def cmd_export(argv: list[str]) -> int:

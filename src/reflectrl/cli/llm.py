@@ -1,4 +1,4 @@
-"""``reflectrl llm``: init-tiny, get-model, warmup, train (GRPO family), eval, export, compare.
+"""``reflectrl llm``: init-tiny, get-model, warmup, train (GRPO family), eval, export, compare, recipes.
 
 Every error a user can cause ends in one ``error: ...`` line on stderr and exit status 2.
 """
@@ -28,6 +28,7 @@ commands:
   eval       held-out accuracy (Wilson interval) or pass@k of a model or run directory; --self-report adds calibration
   export     a run's latest checkpoint as a model folder: a LoRA run's adapter, or (--merge) a full Hugging Face model
   compare    methods x tasks x seeds from shared tiny models: report.md, curves.png, reliability diagrams
+  recipes    the recipes of `llm train --recipe NAME`: task, model, budget and what each reached where measured
 """
 
 TRAIN_HEADER = """usage: reflectrl llm train [--algo {algos}] [--resume RUN_DIR] --task TASK [--set KEY=VALUE ...] \
@@ -103,33 +104,37 @@ def cmd_warmup(argv: list[str]) -> int:
 def _train_front(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="reflectrl llm train", add_help=False)
     ap.add_argument("--algo", default=None)
+    ap.add_argument("--recipe", default=None)
     ap.add_argument("--resume", default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return ap.parse_known_args(argv)
 
 
 def cmd_train(argv: list[str]) -> int:
-    from ..algos import algo_names, get_algo
-    from ..tasks.base import parse_options
-    from .util import config_from_flags, foreign_flags, merge_task_options, print_json, resume_from_cli
+    from ..algos import algo_names
+    from .util import config_from_flags, merge_task_options, print_json, resume_from_cli
 
     front, rest = _train_front(argv)
-    if "-h" in rest or "--help" in rest:
-        print(TRAIN_HEADER.format(algos="|".join(algo_names("llm"))))
+    asked_help = "-h" in rest or "--help" in rest
     if front.resume is not None:
-        if front.set:
-            raise ConfigError("--resume continues a run with its own task options; --set cannot be combined with it")
+        if asked_help:
+            print(TRAIN_HEADER.format(algos="|".join(algo_names("llm"))))
+        if front.set or front.recipe:
+            raise ConfigError("--resume continues a run with its own settings and task options; "
+                              f"{'--set' if front.set else '--recipe'} cannot be combined with it")
         trainer = resume_from_cli(front.resume, rest, "llm", front.algo)
     else:
-        algo = get_algo("llm", front.algo or "grpo")
-        foreign_flags(rest, "llm", algo.name)  # another method's option: say whose it is
-        parse_options(front.set)  # one clear error for a malformed KEY=VALUE
-        # the defaults that follow the model and LoRA (learning rate, group size, temperature): explicit flags win
-        default = algo.config(task_options=tuple(front.set), **_model_flags(rest))
+        algo, default, sets = _new_run_defaults(front, rest, asked_help)
+        if asked_help:
+            from ..llm.recipes import recipe_names
+            from .train_help import train_help
+
+            print(train_help(algo, default, algo_names("llm"), recipe_names()))
+            return 0
         # under torchrun, one process probes the run directory
         cfg = config_from_flags(default, rest, f"reflectrl llm train --algo {algo.name}", "llm", _rank() == 0)
         if front.set and cfg.task_options != default.task_options:  # --task-options too: aliases that must agree
-            cfg = dataclasses.replace(cfg, task_options=merge_task_options(("--set", front.set),
+            cfg = dataclasses.replace(cfg, task_options=merge_task_options(("--set", sets),
                                                                            ("--task-options", cfg.task_options)))
         check_device(cfg.device)
         trainer = algo.make(cfg)
@@ -139,18 +144,59 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
-def _model_flags(rest: list[str]) -> dict[str, Any]:
-    """``--model`` and ``--lora-r`` of a train command line (left in it for tyro), for the defaults they imply."""
+def _new_run_defaults(front: argparse.Namespace, rest: list[str], asked_help: bool) -> tuple[Any, Any, list[str]]:
+    """The algo of a new run, its config before the explicit flags (the algo's defaults, those the model implies, a
+    recipe's settings) and its task options: a recipe's, less the keys ``--set`` gives (all of them when ``--task``
+    names another task), then the ``--set`` ones."""
+    from ..algos import get_algo
+    from ..tasks.base import parse_options
+    from .util import config_from_flags, foreign_flags
+
+    recipe_flags: list[str] = []
+    sets = list(front.set)
+    algo_name = front.algo or "grpo"
+    if front.recipe is not None:
+        from ..llm.recipes import train_recipe
+
+        r = train_recipe(front.recipe)
+        given = _given_flags(rest)
+        if not r.model and not given.get("model") and not asked_help:
+            raise ConfigError(f"recipe {r.name} trains a tiny model warmed up on {r.task}: give it with --model DIR "
+                              "(`reflectrl llm recipes` says how one is built)")
+        keys = {o.partition("=")[0].strip() for o in sets}
+        own = r.task_options if given.get("task") in (None, r.task) else ()
+        sets = [*(o for o in own if o.partition("=")[0].strip() not in keys), *sets]
+        recipe_flags = ["--task", r.task, *(["--model", r.model] if r.model else []), *r.flags]
+        algo_name = front.algo or r.algo
+    algo = get_algo("llm", algo_name)
+    foreign_flags(rest, "llm", algo.name)  # another method's option: say whose it is
+    parse_options(sets)  # one clear error for a malformed KEY=VALUE
+    # the defaults that follow the model and LoRA (learning rate, group size, temperature): explicit flags win
+    default = algo.config(task_options=tuple(sets), **_model_flags([*recipe_flags, *rest]))
+    if recipe_flags:
+        default = config_from_flags(default, recipe_flags, f"reflectrl llm train --recipe {front.recipe}", "llm", False)
+    return algo, default, sets
+
+
+def _given_flags(rest: list[str]) -> dict[str, Any]:
+    """``--model``, ``--task`` and ``--lora-r`` of a train command line (left in it for tyro), where given."""
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--task", default=None)
     ap.add_argument("--lora-r", "--lora_r", dest="lora_r", default=None)
     known, _ = ap.parse_known_args(rest)
+    return {k: v for k, v in vars(known).items() if v is not None}
+
+
+def _model_flags(rest: list[str]) -> dict[str, Any]:
+    """``--model`` and ``--lora-r`` of a train command line (the last of each), for the defaults they imply."""
+    given = _given_flags(rest)
     out: dict[str, Any] = {}
-    if known.model:
-        out["model"] = known.model
-    if known.lora_r is not None:
+    if given.get("model"):
+        out["model"] = given["model"]
+    if "lora_r" in given:
         with contextlib.suppress(ValueError):  # tyro reports the malformed value
-            out["lora_r"] = int(known.lora_r)
+            out["lora_r"] = int(given["lora_r"])
     return out
 
 
@@ -282,8 +328,39 @@ def cmd_compare(argv: list[str]) -> int:
     return compare_main(argv)
 
 
+def cmd_recipes(argv: list[str]) -> int:
+    from ..llm.recipe_results import RESULTS, describe
+    from ..llm.recipes import recipe_names, train_recipe
+
+    ap = argparse.ArgumentParser(prog="reflectrl llm recipes", description="List the recipes of `reflectrl llm train "
+                                 "--recipe NAME`: each one's task, model, budget, flags and what it is expected to reach, "
+                                 "read from the benchmark results that measured it (one file per seed); a recipe without "
+                                 "such a file, or whose files record other settings, is 'not measured'.")
+    ap.add_argument("--results", default=None, metavar="DIR",
+                    help="the folder of benchmark results (default: benchmarks/results of the checkout reflectrl runs "
+                         "from)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per recipe, one a line")
+    a = ap.parse_args(argv)
+    results = RESULTS if a.results is None else Path(a.results)
+    if a.results is not None and not results.is_dir():
+        raise ConfigError(f"--results {a.results} is not a folder")
+    for name in recipe_names():
+        d = describe(train_recipe(name), results)
+        if a.json:
+            print_json(d)
+            continue
+        exp = d["expected"]
+        print(f"{d['name']}: {d['about']}")
+        rows = [("task", d["task"]), ("model", d["model"]), ("budget", d["budget"]), ("expected", exp["text"])]
+        if exp["measured"]:
+            rows.append(("measured", f"in {results}: {exp['measured']}"))
+        for key, val in [*rows, ("run", d["command"]), ("flags", d["flags"])]:
+            print(f"  {key:<9} {val}")
+    return 0
+
+
 COMMANDS = {"init-tiny": cmd_init_tiny, "get-model": cmd_get_model, "warmup": cmd_warmup, "train": cmd_train, "eval": cmd_eval,
-            "export": cmd_export, "compare": cmd_compare}
+            "export": cmd_export, "compare": cmd_compare, "recipes": cmd_recipes}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ COMMANDS = [
     ["sandbox", "run"], ["sandbox", "capabilities"],
     ["tasks"], ["tasks", "list"], ["tasks", "show"], ["tasks", "validate"], ["calibration"],
     ["llm"], ["llm", "init-tiny"], ["llm", "get-model"], ["llm", "warmup"], ["llm", "train"], ["llm", "eval"], ["llm", "export"],
-    ["llm", "compare"],
+    ["llm", "compare"], ["llm", "recipes"],
 ]
 
 

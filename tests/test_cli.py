@@ -428,3 +428,39 @@ def test_every_flag_has_help_text_and_every_command_is_listed(capsys, monkeypatc
         assert "--" in text and _flags_without_help(text) == [], (argv, _flags_without_help(text))
     assert _flags_without_help("│ --adam-beta1 FLOAT     (default: 0.9) │\n│ --lr FLOAT  the rate (default: 1) │") == \
         ["--adam-beta1"]  # the check finds a bare flag
+
+
+def _defined_flags(text: str) -> set[str]:
+    """The flags a help screen defines (argparse's lines or tyro's boxes), not those its texts mention."""
+    out: set[str] = set()
+    for line in text.splitlines():
+        m = re.match(r"^(?:  |│ )(?:-h, )?(--[a-z][\w-]*(?:, --[a-z][\w-]*)*)", line)
+        if m:
+            out.update(m.group(1).split(", "))
+    return out
+
+
+def test_llm_train_help_groups_the_flags_tyro_takes(capsys, monkeypatch):
+    """Common flags first, a method's own under its name, then the rest by what they set; the flags are tyro's, no
+    more and no fewer, plus the command's own (--recipe, --resume, --set)."""
+    import tyro
+
+    from reflectrl.algos import algo_names, get_algo
+
+    monkeypatch.setenv("COLUMNS", "250")
+    for name in algo_names("llm"):
+        assert main(["llm", "train", "--algo", name, "--help"]) == 0
+        text = capsys.readouterr().out
+        algo = get_algo("llm", name)
+        with contextlib.suppress(SystemExit):
+            tyro.cli(algo.config_cls, args=["--help"], default=algo.config(), prog="p")
+        assert _defined_flags(text) == _defined_flags(capsys.readouterr().out) | {"--recipe", "--resume", "--set"}, name
+        heads = [line[:-1] for line in text.splitlines() if re.fullmatch(r"[a-z][a-z ,]*options:", line)]
+        assert heads[0] == "common options" and heads[-4:-1] == ["rollout options", "loss and advantage options",
+                                                                 "optimizer and update options"], heads
+        common = text[text.index("common options:"):text.index(heads[1] + ":")]
+        assert all(f in common for f in ("--task ", "--model ", "--updates ", "--cpu-time-limit-s ", "--recipe "))
+        own = [h for h in heads if h == f"{name} options"]
+        if name == "rlcr":
+            assert own and "--rlcr-credit" in text[text.index("rlcr options:"):text.index("rollout options:")]
+        assert len(own) == (heads[1] == f"{name} options") and "other options" not in heads, heads

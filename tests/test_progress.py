@@ -84,3 +84,43 @@ def test_between_updates_the_estimate_counts_down_then_follows_the_rate(monkeypa
         assert bar.time_left() == pytest.approx(6.0) and "about 6s left" in bar.line()
         now[0] += 10.0  # past it: the rate so far (24 s for 5)
         assert bar.time_left() == pytest.approx(24.0)
+
+
+def test_a_budget_shows_what_is_used_and_sets_the_time_left_and_the_log_cadence(monkeypatch):
+    from reflectrl.progress import Budget
+
+    now = fake_clock(monkeypatch)
+    cpu = [0.0]
+    out = io.StringIO()
+    budget = Budget("CPU", 100.0, lambda: cpu[0])
+    with TrainProgress(100000, True, "g", "updates/s", "", stream=out, budgets=[budget]) as bar:
+        for i in range(1, 11):  # 10 updates of 10 wall-s and 5 CPU-s each: the budget ends first, at 20 updates
+            now[0] += 10.0
+            cpu[0] += 5.0
+            bar.update(i, 0.1, f"reward {i}")
+        assert bar.time_left() == pytest.approx((100 - 50) * 100 / 50)  # CPU left at 2 wall-s per CPU-s
+        assert bar.fraction() == pytest.approx(0.5)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 10  # a line each 5% of the budget (each update), none more at the end
+    assert lines[0] == "g: 1/100000 (0%), 10s elapsed, about 3m10s left (CPU budget), CPU 5s of 1m40s used (5%), " \
+                       "0.1 updates/s, reward 1"
+    assert lines[-1].startswith("g: 10/100000 (0%), 1m40s elapsed, about 1m40s left (CPU budget), CPU 50s of 1m40s "
+                                "used (50%)")
+    with TrainProgress(10, True, "w", stream=io.StringIO(), budgets=[Budget("wall", 60.0, lambda: 60.0)]) as spent:
+        spent.update(3, 1.0, None)
+        assert "wall budget spent" in spent.line() and spent.fraction() == 1.0
+    with TrainProgress(10, True, "u", stream=io.StringIO(), budgets=[Budget("wall", 1e6, lambda: 0.0)]) as far:
+        now[0] += 4.0
+        far.update(2, 0.5, None)  # the count ends long before the budget: its estimate stands
+        assert far.time_left() == pytest.approx(16.0) and "about 16s left," in far.line()
+
+
+def test_a_terminal_bar_puts_a_self_labelled_value_and_the_budget_on_a_line_below():
+    from reflectrl.progress import Budget
+
+    tty = Terminal()
+    with TrainProgress(100, True, "g", "updates/s", "", stream=tty, budgets=[Budget("CPU", 60.0, lambda: 30.0)]) as bar:
+        bar.update(1, 0.5, "reward 0.250, accuracy 0.125")
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", tty.getvalue()).replace("\r", "\n")
+    assert "\n  CPU 30s of 1m used (50%), reward 0.250, accuracy 0.125\n" in plain, plain
+    assert re.search(r"g .* 1/100 +0.5 updates/s", plain), plain

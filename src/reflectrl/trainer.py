@@ -28,7 +28,7 @@ import torch
 
 from .checkpoint import load_checkpoint, pack_hooks, pack_optimizer, save_checkpoint, unpack_hooks, unpack_optimizer
 from .errors import CheckpointError, ConfigError, ReflectRLError
-from .progress import TrainProgress
+from .progress import Budget, TrainProgress
 from .runlog import guard_folder, open_run, truncate_metrics, write_config
 
 CHECKPOINT = "checkpoint.safetensors"
@@ -213,6 +213,16 @@ class Clock:
             cfg.cpu_time_limit_s is not None and self.cpu >= cfg.cpu_time_limit_s)
 
 
+def budgets(cfg: RunOptions, clock: Clock) -> list[Budget]:
+    """The time limits of a run, as the progress bar shows them (what is used of each, read from ``clock``)."""
+    out = []
+    if cfg.cpu_time_limit_s is not None:
+        out.append(Budget("CPU", cfg.cpu_time_limit_s, lambda: clock.cpu))
+    if cfg.time_limit_s is not None:
+        out.append(Budget("wall", cfg.time_limit_s, lambda: clock.wall))
+    return out
+
+
 class Trainer:
     """The shared skeleton (see the module docstring). Subclasses set ``kind``, ``budget_field``,
     ``resume_cmd``, build ``cfg``, ``hooks``, ``gen``, ``optimizer``, ``run_dir`` and implement
@@ -320,7 +330,7 @@ class Trainer:
         try:
             bar_args = (self.total, cfg.progress and self.is_main, self.describe(), *self.bar_labels())
             with (frozen_heap(), StopRequests(self._interrupted_line) as stop,
-                  TrainProgress(*bar_args, start=start) as bar):
+                  TrainProgress(*bar_args, start=start, budgets=budgets(cfg, clock)) as bar):
                 while not self.finished:
                     self.current_update = self.update_idx + 1  # what finite() names (DQN counts at the end)
                     rec = self.iteration()

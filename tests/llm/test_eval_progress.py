@@ -2,12 +2,14 @@
 most of its work (at its first generated batch); --no-progress silences both. The engine that counts the batches
 generates the same tokens."""
 
+import json
 import re
 
 import pytest
 
 from reflectrl import progress
 from reflectrl.cli import main
+from reflectrl.cli.eval_report import summary_lines
 from reflectrl.llm import eval_progress
 from reflectrl.llm.eval_progress import EvalMeter, limit_for
 
@@ -47,15 +49,18 @@ def test_eval_logs_its_progress_and_suggests_a_limit_when_long(tiny_dir, capsys,
     assert all(re.match(r"eval toy-add heldout \(both\): \d+/32 \(\d+%\), \S+ elapsed, (about \S+ left|done), "
                         r"\S+ problems/s", line) for line in logs), logs
     assert any(" left, " in line for line in logs) and logs[-1].startswith("eval toy-add heldout (both): 32/32 (100%)")
-    # the same evaluation with --no-progress: nothing on stderr, the same result
+    # the same evaluation with --no-progress: the same result, and on stderr its warnings and the summary alone
     quiet_out, quiet_err = run_eval(capsys, tiny_dir, "--self-report", "both", "--no-progress")
-    assert not [line for line in quiet_err if not line.startswith("warning: ")] and quiet_out == out
+    summary = summary_lines(json.loads(out), str(tiny_dir))
+    assert quiet_out == out and [line for line in quiet_err if not line.startswith("warning: ")] == summary
+    assert err[-len(summary):] == summary  # with progress, the summary ends it too
 
 
 def test_a_short_evaluation_suggests_nothing(tiny_dir, capsys):
     _, err = run_eval(capsys, tiny_dir)
     assert err and not any("--limit" in line for line in err)
-    assert err[-1].startswith("eval toy-add heldout: 16/16 (100%), ") and "accuracy" in err[-1]
+    logs = [line for line in err if line.startswith("eval toy-add heldout: ")]
+    assert logs[-1].startswith("eval toy-add heldout: 16/16 (100%), ") and "accuracy" in logs[-1]
 
 
 def test_limit_for_is_the_share_of_the_problems_that_fits_the_budget():
@@ -88,4 +93,35 @@ def test_train_off_a_terminal_logs_its_progress(tiny_dir, tmp_path, capsys):
                  "--no-tensorboard"]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 2 and err[0].startswith("grpo toy-add: 1/2 (50%), ") and " left, " in err[0], err
-    assert re.match(r"grpo toy-add: 2/2 \(100%\), \S+ elapsed, done, \S+ updates/s, score \(trained reward\) ", err[1])
+    assert re.fullmatch(r"grpo toy-add: 2/2 \(100%\), \S+ elapsed, done, \S+ updates/s, reward \d\.\d{3}, accuracy "
+                        r"\d\.\d{3} \(mean of the last 2 updates\)", err[1]), err[1]
+
+
+def test_train_shows_its_budget_rolling_means_and_last_evaluation(tiny_dir, tmp_path, capsys):
+    """A CPU budget that ends the run before its updates: what is used of it on every line, a line each 5% of it,
+    the rolling reward and accuracy as the metrics log them, and the latest evaluation's accuracy."""
+    run = tmp_path / "r"
+    assert main(["llm", "train", "--task", "toy-add", "--model", str(tiny_dir), "--run-dir", str(run),
+                 "--updates", "100000", "--cpu-time-limit-s", "1.5", "--eval-interval", "3", "--eval-problems", "2",
+                 "--prompts-per-update", "2", "--group-size", "2", "--max-new-tokens", "2", "--no-tensorboard"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("grpo toy-add: ")]
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert 3 < len(recs) < 100000 and len(err) >= 10, err  # the budget stopped it, logged every 5% of it
+    assert all(re.search(r", CPU \S+ of 2s used \(\d+%\), ", line) for line in err), err
+    assert "left (CPU budget)" in err[0] and "CPU budget spent, CPU 2s of 2s used (100%)" in err[-1], err[-1]
+    last = recs[-10:]
+    mean = lambda key: sum(r[key] for r in last) / len(last)  # noqa: E731
+    assert f"reward {mean('reward/mean'):.3f}, accuracy {mean('accuracy'):.3f} (mean of the last 10 updates)" in err[-1]
+    evals = [(r["update"], r["eval/accuracy"]) for r in recs if "eval/accuracy" in r]
+    assert evals[-1][0] == len(recs) and f"eval accuracy {evals[-1][1]:.3f} (update {len(recs)})" in err[-1]
+
+
+def test_the_status_line_rolls_over_its_window_and_names_a_shaped_reward():
+    from reflectrl.llm.train_status import TrainStatus
+
+    status = TrainStatus(window=2)
+    assert status.add({"reward/mean": 0.9, "accuracy": 0.5}, 1) == "reward 0.900, accuracy 0.500 (mean of the last 1 update)"
+    status.add({"reward/mean": 0.2, "accuracy": 0.25, "eval/accuracy": 0.125}, 2)
+    text = status.add({"reward/mean": 0.4, "reward/trained_mean": 0.1, "accuracy": 0.75}, 3)  # the first falls out
+    assert text == ("reward 0.300, trained reward 0.100, accuracy 0.500 (mean of the last 2 updates), eval accuracy "
+                    "0.125 (update 2)")

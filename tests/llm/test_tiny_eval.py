@@ -157,7 +157,7 @@ def test_an_evaluation_s_confidence_intervals_are_over_problems():
 
 def test_eval_prints_the_intervals_and_selective_accuracy(tiny_dir, capsys):
     from reflectrl.cli import main
-    from reflectrl.cli.llm import report_lines
+    from reflectrl.cli.eval_report import report_lines
 
     assert main(["llm", "eval", str(tiny_dir), "--task", "toy-add", "--limit", "3", "--self-report", "confidence",
                  "--max-new-tokens", "3", "--json", "--no-progress"]) == 0

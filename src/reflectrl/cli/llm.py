@@ -1,4 +1,4 @@
-"""``reflectrl llm``: init-tiny, get-model, warmup, train (GRPO family), eval, export, compare.
+"""``reflectrl llm``: init-tiny, get-model, warmup, train (GRPO family), eval, export, compare, recipes.
 
 Every error a user can cause ends in one ``error: ...`` line on stderr and exit status 2.
 """
@@ -10,10 +10,12 @@ import contextlib
 import dataclasses
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ..runlog import strict
+from .eval_report import report_warnings, summary_lines
 from .util import check_device, check_seed, print_json, run_command
 
 USAGE = """usage: reflectrl llm COMMAND [ARGS]
@@ -26,6 +28,7 @@ commands:
   eval       held-out accuracy (Wilson interval) or pass@k of a model or run directory; --self-report adds calibration
   export     a run's latest checkpoint as a model folder: a LoRA run's adapter, or (--merge) a full Hugging Face model
   compare    methods x tasks x seeds from shared tiny models: report.md, curves.png, reliability diagrams
+  recipes    the recipes of `llm train --recipe NAME`: task, model, budget and what each reached where measured
 """
 
 TRAIN_HEADER = """usage: reflectrl llm train [--algo {algos}] [--resume RUN_DIR] --task TASK [--set KEY=VALUE ...] \
@@ -101,33 +104,37 @@ def cmd_warmup(argv: list[str]) -> int:
 def _train_front(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="reflectrl llm train", add_help=False)
     ap.add_argument("--algo", default=None)
+    ap.add_argument("--recipe", default=None)
     ap.add_argument("--resume", default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return ap.parse_known_args(argv)
 
 
 def cmd_train(argv: list[str]) -> int:
-    from ..algos import algo_names, get_algo
-    from ..tasks.base import parse_options
-    from .util import config_from_flags, foreign_flags, merge_task_options, print_json, resume_from_cli
+    from ..algos import algo_names
+    from .util import config_from_flags, merge_task_options, print_json, resume_from_cli
 
     front, rest = _train_front(argv)
-    if "-h" in rest or "--help" in rest:
-        print(TRAIN_HEADER.format(algos="|".join(algo_names("llm"))))
+    asked_help = "-h" in rest or "--help" in rest
     if front.resume is not None:
-        if front.set:
-            raise ConfigError("--resume continues a run with its own task options; --set cannot be combined with it")
+        if asked_help:
+            print(TRAIN_HEADER.format(algos="|".join(algo_names("llm"))))
+        if front.set or front.recipe:
+            raise ConfigError("--resume continues a run with its own settings and task options; "
+                              f"{'--set' if front.set else '--recipe'} cannot be combined with it")
         trainer = resume_from_cli(front.resume, rest, "llm", front.algo)
     else:
-        algo = get_algo("llm", front.algo or "grpo")
-        foreign_flags(rest, "llm", algo.name)  # another method's option: say whose it is
-        parse_options(front.set)  # one clear error for a malformed KEY=VALUE
-        # the defaults that follow the model and LoRA (learning rate, group size, temperature): explicit flags win
-        default = algo.config(task_options=tuple(front.set), **_model_flags(rest))
+        algo, default, sets = _new_run_defaults(front, rest, asked_help)
+        if asked_help:
+            from ..llm.recipes import recipe_names
+            from .train_help import train_help
+
+            print(train_help(algo, default, algo_names("llm"), recipe_names()))
+            return 0
         # under torchrun, one process probes the run directory
         cfg = config_from_flags(default, rest, f"reflectrl llm train --algo {algo.name}", "llm", _rank() == 0)
         if front.set and cfg.task_options != default.task_options:  # --task-options too: aliases that must agree
-            cfg = dataclasses.replace(cfg, task_options=merge_task_options(("--set", front.set),
+            cfg = dataclasses.replace(cfg, task_options=merge_task_options(("--set", sets),
                                                                            ("--task-options", cfg.task_options)))
         check_device(cfg.device)
         trainer = algo.make(cfg)
@@ -137,18 +144,59 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
-def _model_flags(rest: list[str]) -> dict[str, Any]:
-    """``--model`` and ``--lora-r`` of a train command line (left in it for tyro), for the defaults they imply."""
+def _new_run_defaults(front: argparse.Namespace, rest: list[str], asked_help: bool) -> tuple[Any, Any, list[str]]:
+    """The algo of a new run, its config before the explicit flags (the algo's defaults, those the model implies, a
+    recipe's settings) and its task options: a recipe's, less the keys ``--set`` gives (all of them when ``--task``
+    names another task), then the ``--set`` ones."""
+    from ..algos import get_algo
+    from ..tasks.base import parse_options
+    from .util import config_from_flags, foreign_flags
+
+    recipe_flags: list[str] = []
+    sets = list(front.set)
+    algo_name = front.algo or "grpo"
+    if front.recipe is not None:
+        from ..llm.recipes import train_recipe
+
+        r = train_recipe(front.recipe)
+        given = _given_flags(rest)
+        if not r.model and not given.get("model") and not asked_help:
+            raise ConfigError(f"recipe {r.name} trains a tiny model warmed up on {r.task}: give it with --model DIR "
+                              "(`reflectrl llm recipes` says how one is built)")
+        keys = {o.partition("=")[0].strip() for o in sets}
+        own = r.task_options if given.get("task") in (None, r.task) else ()
+        sets = [*(o for o in own if o.partition("=")[0].strip() not in keys), *sets]
+        recipe_flags = ["--task", r.task, *(["--model", r.model] if r.model else []), *r.flags]
+        algo_name = front.algo or r.algo
+    algo = get_algo("llm", algo_name)
+    foreign_flags(rest, "llm", algo.name)  # another method's option: say whose it is
+    parse_options(sets)  # one clear error for a malformed KEY=VALUE
+    # the defaults that follow the model and LoRA (learning rate, group size, temperature): explicit flags win
+    default = algo.config(task_options=tuple(sets), **_model_flags([*recipe_flags, *rest]))
+    if recipe_flags:
+        default = config_from_flags(default, recipe_flags, f"reflectrl llm train --recipe {front.recipe}", "llm", False)
+    return algo, default, sets
+
+
+def _given_flags(rest: list[str]) -> dict[str, Any]:
+    """``--model``, ``--task`` and ``--lora-r`` of a train command line (left in it for tyro), where given."""
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--task", default=None)
     ap.add_argument("--lora-r", "--lora_r", dest="lora_r", default=None)
     known, _ = ap.parse_known_args(rest)
+    return {k: v for k, v in vars(known).items() if v is not None}
+
+
+def _model_flags(rest: list[str]) -> dict[str, Any]:
+    """``--model`` and ``--lora-r`` of a train command line (the last of each), for the defaults they imply."""
+    given = _given_flags(rest)
     out: dict[str, Any] = {}
-    if known.model:
-        out["model"] = known.model
-    if known.lora_r is not None:
+    if given.get("model"):
+        out["model"] = given["model"]
+    if "lora_r" in given:
         with contextlib.suppress(ValueError):  # tyro reports the malformed value
-            out["lora_r"] = int(known.lora_r)
+            out["lora_r"] = int(given["lora_r"])
     return out
 
 
@@ -171,8 +219,6 @@ def cmd_eval(argv: list[str]) -> int:
                    progress=not a.no_progress)
     episodes = res.pop("episodes", None)
     if a.transcripts is not None:
-        from pathlib import Path
-
         Path(a.transcripts).parent.mkdir(parents=True, exist_ok=True)
         with open(a.transcripts, "w") as fh:
             for ep in episodes or []:
@@ -181,13 +227,10 @@ def cmd_eval(argv: list[str]) -> int:
         print(f"warning: {line}", file=sys.stderr)
     if a.json:
         print_json(res)
-    else:
-        lo, hi = res["ci"]
-        extra = "".join(f", {k} {v:.3f}" for k, v in res.items() if k.startswith("pass@") and not k.endswith("_ci"))
-        print(f"{a.model_or_run_dir} on {res['task']}/{res['split']}: accuracy {res['accuracy']:.3f} "
-              f"[{lo:.3f}, {hi:.3f}] ({res['mode']}, n={res['n']}){extra}")
-        for line in report_lines(res):
-            print(f"  {line}")
+    # the summary in words: after the JSON line, on stderr (stdout stays one JSON object); else the output itself
+    out = sys.stderr if a.json else sys.stdout
+    for line in summary_lines(res, a.model_or_run_dir):
+        print(line, file=out)
     return 0
 
 
@@ -256,55 +299,6 @@ def _check_eval_args(a: argparse.Namespace, argv: list[str]) -> None:
     check_device(a.device)
 
 
-def _fmt(x: Any) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def report_lines(res: dict[str, Any]) -> list[str]:
-    """The self-report part of an evaluation, in words (what ``--json`` holds as fields)."""
-    out = []
-    if res.get("reflection_missing_rate") is not None:
-        out.append(f"reflection: accuracy {_fmt(res.get('reflection_accuracy'))} (best constant "
-                   f"{_fmt(res.get('best_constant'))}), underconfidence {_fmt(res.get('underconfidence'))}, "
-                   f"overconfidence {_fmt(res.get('overconfidence'))}, missing {100 * res['reflection_missing_rate']:.0f}%")
-    if res.get("confidence_missing_rate") is not None:
-        out.append(f"confidence: mean {_fmt(res.get('mean_confidence'))}, ECE {_fmt(res.get('ece'))}, Brier "
-                   f"{_fmt(res.get('brier'))}, AUROC {_fmt(res.get('auroc'))}, missing "
-                   f"{100 * res['confidence_missing_rate']:.0f}%")
-        out += _confidence_extras(res)
-    return out
-
-
-def _interval(res: dict[str, Any], name: str) -> str:
-    """Metric ``name``'s interval ``[low, high]``, or why there is none."""
-    ci = res.get(f"{name}_ci")
-    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"none, {res.get(f'{name}_no_ci') or 'the value is undefined'}"
-
-
-def _confidence_extras(res: dict[str, Any]) -> list[str]:
-    """The intervals of a confidence's AUROC and ECE and its selective accuracies, in words (empty without them)."""
-    out = []
-    if "auroc_ci" in res:
-        out.append(f"confidence {100 * res.get('ci_level', 0.95):g}% intervals: AUROC (DeLong) {_interval(res, 'auroc')}; "
-                   f"ECE (bootstrap over problems) {_interval(res, 'ece')}")
-    kept = [(float(k.split("@")[1]), v) for k, v in res.items() if k.startswith("selective_accuracy@")]
-    if kept:
-        out.append("selective accuracy (the most confident answers kept; a missing confidence abstains): " +
-                   ", ".join(f"{_fmt(v)} at {100 * c:g}%" + (" coverage" if not i else "") for i, (c, v) in enumerate(kept)))
-    return out
-
-
-def report_warnings(res: dict[str, Any]) -> list[str]:
-    """A warning per kind of self-report that most episodes did not state (its metrics are of the rest)."""
-    out = []
-    for kind, key in (("reflections", "reflection_missing_rate"), ("confidences", "confidence_missing_rate")):
-        rate = res.get(key)
-        if rate is not None and rate > 0.5:
-            out.append(f"{100 * rate:.0f}% of the {kind} asked for are missing or malformed: their calibration is "
-                       "computed on the rest")
-    return out
-
-
 def cmd_export(argv: list[str]) -> int:
     from ..llm.export import export_run
 
@@ -334,8 +328,39 @@ def cmd_compare(argv: list[str]) -> int:
     return compare_main(argv)
 
 
+def cmd_recipes(argv: list[str]) -> int:
+    from ..llm.recipe_results import RESULTS, describe
+    from ..llm.recipes import recipe_names, train_recipe
+
+    ap = argparse.ArgumentParser(prog="reflectrl llm recipes", description="List the recipes of `reflectrl llm train "
+                                 "--recipe NAME`: each one's task, model, budget, flags and what it is expected to reach, "
+                                 "read from the benchmark results that measured it (one file per seed); a recipe without "
+                                 "such a file, or whose files record other settings, is 'not measured'.")
+    ap.add_argument("--results", default=None, metavar="DIR",
+                    help="the folder of benchmark results (default: benchmarks/results of the checkout reflectrl runs "
+                         "from)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per recipe, one a line")
+    a = ap.parse_args(argv)
+    results = RESULTS if a.results is None else Path(a.results)
+    if a.results is not None and not results.is_dir():
+        raise ConfigError(f"--results {a.results} is not a folder")
+    for name in recipe_names():
+        d = describe(train_recipe(name), results)
+        if a.json:
+            print_json(d)
+            continue
+        exp = d["expected"]
+        print(f"{d['name']}: {d['about']}")
+        rows = [("task", d["task"]), ("model", d["model"]), ("budget", d["budget"]), ("expected", exp["text"])]
+        if exp["measured"]:
+            rows.append(("measured", f"in {results}: {exp['measured']}"))
+        for key, val in [*rows, ("run", d["command"]), ("flags", d["flags"])]:
+            print(f"  {key:<9} {val}")
+    return 0
+
+
 COMMANDS = {"init-tiny": cmd_init_tiny, "get-model": cmd_get_model, "warmup": cmd_warmup, "train": cmd_train, "eval": cmd_eval,
-            "export": cmd_export, "compare": cmd_compare}
+            "export": cmd_export, "compare": cmd_compare, "recipes": cmd_recipes}
 
 
 def main(argv: list[str] | None = None) -> int:

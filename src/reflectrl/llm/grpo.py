@@ -508,15 +508,16 @@ class GRPO(PolicyUpdate, Trainer):
         return f"{self.cfg.algo} {self.cfg.task}"
 
     def bar_labels(self) -> tuple[str, str]:
-        return "updates/s", "score (trained reward)"
+        return "updates/s", ""  # the value names its parts (reflectrl.llm.train_status)
 
     def add_rates(self, rec: dict[str, Any], clock: Clock, start: int) -> None:
         self._rate = (self.update_idx - start) / max(clock.wall, 1e-9)
         rec["charts/samples_per_s"] = self._rate * self.cfg.rows
 
     def bar_values(self, rec: dict[str, Any]) -> tuple[float, str]:
-        trained = rec.get("reward/trained_mean", rec["reward/mean"])
-        return self._rate, f"{rec['reward/mean']:.3f} ({trained:.3f})"
+        from .train_status import TrainStatus
+
+        return self._rate, self.__dict__.setdefault("_status", TrainStatus()).add(rec, self.update_idx)
 
     def after_iteration(self, rec: dict[str, Any], last: bool) -> None:
         cfg = self.cfg

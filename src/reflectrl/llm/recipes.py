@@ -1,6 +1,14 @@
-"""The CPU-scale recipe per task: a tiny model, a supervised warm-up to a weak-but-nonzero accuracy, and the
-GRPO settings that raise it in a few CPU-minutes. ``benchmarks/llm_learn.py`` runs it for one seed;
+"""Recipes: settings of ``reflectrl llm train`` that are known to learn, with the benchmark that measured them.
+
+The CPU-scale recipe per task (:data:`RECIPES`): a tiny model, a supervised warm-up to a weak-but-nonzero accuracy,
+and the GRPO settings that raise it in a few CPU-minutes. ``benchmarks/llm_learn.py`` runs it for one seed;
 ``reflectrl llm compare`` builds each seed's warmed-up model with it once and trains every method from it.
+
+The recipes of a real pretrained model (:data:`REAL_RECIPES`): the training alone, from the model as it ships.
+
+Every recipe is a ``reflectrl llm train --recipe NAME`` (:func:`train_recipe`): its flags fill the defaults that
+explicit flags override. ``reflectrl llm recipes`` lists them with what each reached where a benchmark result in
+``benchmarks/results`` measured it (:mod:`reflectrl.llm.recipe_results`).
 """
 
 from __future__ import annotations
@@ -100,3 +108,70 @@ def recipe(task: str) -> Recipe:
         raise ConfigError(f"no CPU recipe for task {task!r} (recipes: {', '.join(sorted(RECIPES))}); "
                           "give a warmed-up --model instead")
     return RECIPES[task]
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    """The flags of ``reflectrl llm train --recipe NAME``, and where the benchmark results that measured them are."""
+
+    name: str
+    task: str
+    model: str
+    """A named model or folder; empty: the user gives one (a tiny recipe's warmed-up model)."""
+    algo: str
+    flags: tuple[str, ...]
+    """Flags of ``llm train`` besides ``--algo``, ``--task``, ``--model`` and the task options."""
+    task_options: tuple[str, ...]
+    about: str
+    results: str
+    """A glob of ``benchmarks/results`` matching the files that measured the recipe (one per seed)."""
+    note: str = ""
+    """What the listing adds to the measured numbers (how the measured runs differ from the recipe)."""
+
+    def argv(self) -> list[str]:
+        """The recipe as ``llm train`` flags, task options as ``--set KEY=VALUE``."""
+        model = ["--model", self.model] if self.model else []
+        return ["--algo", self.algo, "--task", self.task, *model, *self.flags,
+                *(x for o in self.task_options for x in ("--set", o))]
+
+
+REAL_RECIPES: dict[str, TrainRecipe] = {
+    # benchmarks/real_model.py learn: LEARN_FLAGS and LEARN_TASK, less what only a benchmark needs (no progress, no
+    # evaluation inside the run); the CPU hour is the stop (--updates only bounds it)
+    "real-arith": TrainRecipe(
+        name="real-arith", task="arith", model="smollm2-135m-instruct", algo="grpo",
+        flags=("--lora-r", "16", "--prompts-per-update", "8", "--grad-accum", "4", "--threads", "1",
+               "--attention", "shared-prompt", "--cpu-time-limit-s", "3600", "--updates", "100000",
+               "--sample-interval", "25"),
+        task_options=("ops=+",),
+        about="GRPO with LoRA (rank 16) on SmolLM2-135M-Instruct through its chat template: two-digit sums, 8 "
+              "prompts x 8 samples per update, one CPU-hour at one thread",
+        results="real_learn_grpo_s*.json",
+        note="the measured runs used the padded layout; --attention shared-prompt gives the same log-probs up to "
+             "float rounding in less time"),
+}
+
+
+def tiny_train_recipe(task: str) -> TrainRecipe:
+    """The training phase of ``task``'s CPU recipe, as ``llm compare`` runs it (its update budget included)."""
+    r = recipe(task)
+    return TrainRecipe(
+        name=task, task=task, model="", algo="grpo", flags=(*r.train, "--updates", str(r.updates)),
+        task_options=(*r.task_options, *r.train_task_options),
+        about=f"GRPO on a tiny model warmed up to train accuracy {r.warmup_target:g} on {task} (the CPU recipe of "
+              "llm compare)",
+        results=f"llm_learn_{task}_s*.json")
+
+
+def recipe_names() -> list[str]:
+    """Every recipe of ``llm train --recipe``: the real model's, then the CPU recipes."""
+    return [*REAL_RECIPES, *RECIPES]
+
+
+def train_recipe(name: str) -> TrainRecipe:
+    """The recipe ``name`` of ``llm train --recipe``, or ConfigError naming the recipes."""
+    if name in REAL_RECIPES:
+        return REAL_RECIPES[name]
+    if name in RECIPES:
+        return tiny_train_recipe(name)
+    raise ConfigError(f"no recipe {name!r}; recipes: {', '.join(recipe_names())} (`reflectrl llm recipes` lists them)")

@@ -117,8 +117,9 @@ class DataTask:
             raise ConfigError(f"{self._where(where)}: {error}")
         if self.check.name == "choice":  # the reference as its letter: the demonstration a model should give
             answer = reference_letter(answer, choices) or answer
-        pid = str(row["id"]).strip() if row.get("id") is not None and str(row["id"]).strip() else f"row{n}"
-        split = self._split_of(where, row, pid if "id" in row else json.dumps([text, answer]))
+        given = row.get("id") is not None and str(row["id"]).strip() != ""
+        pid = str(row["id"]).strip() if given else f"row{n}"
+        split = self._split_of(where, row, pid if given else json.dumps([text, answer]))
         meta = {k: v for k, v in row.items() if k not in KNOWN | {qcol, self.answer_column}}
         meta.update({"question": text, "system": system if isinstance(system, str) else None, "choices": choices})
         demo = row.get("demonstration")

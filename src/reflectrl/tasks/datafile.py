@@ -108,13 +108,17 @@ def _delimited(path: Path, delimiter: str) -> Iterator[tuple[str, dict[str, Any]
             if len(fields) != len(header):
                 raise ConfigError(f"data file {path}, line {line}: {len(fields)} fields, but the header has "
                                   f"{len(header)}")
-            yield f"line {line}", {h: _cell(v) for h, v in zip(header, fields) if h}
+            yield f"line {line}", {h: _cell(v) if h in LIST_COLUMNS else v for h, v in zip(header, fields) if h}
     except csv.Error as exc:
         raise ConfigError(f"data file {path}, line {reader.line_num}: not CSV ({exc})") from None
 
 
+LIST_COLUMNS = {"choices", "options", "messages"}
+"""The CSV columns whose cells may hold JSON lists (read as lists); every other cell is text."""
+
+
 def _cell(value: str) -> Any:
-    """A CSV cell: a JSON list or object (a ``messages`` or ``choices`` column) as its value, anything else as text."""
+    """A CSV cell of a list column: a JSON list or object as its value, anything else as text."""
     text = value.strip()
     if text[:1] in "[{" and text[-1:] in "]}":
         try:

@@ -18,8 +18,8 @@ of the ``data`` task instead of a task (:mod:`reflectrl.tasks.checkers`: ``exact
 ``regex`` or ``MODULE:FUNCTION``): ``rlcr_reward(checker="number", answer_column="answer")`` reads each completion's
 reference from that column (a ``choices`` or ``options`` column gives the choice checker the options' texts), and
 ``checker_options`` holds its ``extract``, ``ignore_case`` and ``tolerance``. A self-report is the answer's own
-``<reflect>`` or ``<confidence>`` tag (the dataset's prompts ask for one). The formulas are :mod:`reflectrl.methods.rewards`, the same
-as reflectrl's own trainer and its verl rewards use:
+``<reflect>`` or ``<confidence>`` tag (the dataset's prompts ask for one). The formulas are
+:mod:`reflectrl.methods.rewards`, the same as reflectrl's own trainer and its verl rewards use:
 
 - :func:`outcome_reward`: the task's score (what GRPO trains on);
 - :func:`rlcr_reward`: ``acc - (q - acc)^2`` with a stated confidence q, ``format_penalty`` (-2) without one (RLCR,

@@ -126,3 +126,20 @@ def test_unknown_checker_and_extract():
         Checker("nope")
     with pytest.raises(ConfigError, match="unknown extract 'tail'"):
         Checker("exact", extract="tail")
+
+
+JUNK = ["9" * 1_000_000, "1," * 300_000, "\\boxed{" * 50_000, "<answer>" * 100_000, "\x00\udcff" * 1000, "$" * 100_000,
+        "\\frac{" * 20_000, "((((" * 5000 + "x", "1e99999999", "9" * 60 + "/" + "0" * 60, "x^" * 3000 + "2",
+        "#### " * 50_000, None, 42, ["42"]]
+
+
+@pytest.mark.parametrize("name", ["exact", "number", "math", "choice", "regex"])
+def test_junk_scores_0_quickly(name):
+    import time
+
+    if name == "math":
+        pytest.importorskip("math_verify")
+    checker = Checker(name)
+    start = time.monotonic()
+    assert [checker.score(j, "42") for j in JUNK] == [0.0] * len(JUNK)
+    assert time.monotonic() - start < 30  # seconds: each is cut short (cf. quadratic scans, huge exponents, sympy)

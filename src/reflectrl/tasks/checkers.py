@@ -27,6 +27,7 @@ Checkers (each returns a score in [0, 1] and never raises on junk output):
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import numbers
 import re
@@ -45,15 +46,16 @@ _SCAN = 1 << 15  # the forms are looked for in the last 32 KiB of a completion (
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.IGNORECASE | re.DOTALL)
 _HASH = re.compile(r"####[ \t]*([^\n]*)")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOXED_CHARS = 4096
 
 
 # ------------------------------------------------------------------------------------------------ extraction
 def _boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` of ``text`` (braces balanced), or None."""
+    """The content of the last ``\\boxed{...}`` of ``text`` (braces balanced, at most 4 KiB), or None."""
     starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        depth, i = 1, start
-        while i < len(text) and depth:
+    for start in reversed(starts[-16:]):  # the last few only: junk of nested boxes must not cost quadratic time
+        depth, i, end = 1, start, min(len(text), start + _BOXED_CHARS)
+        while i < end and depth:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
@@ -110,18 +112,22 @@ _WHOLE = re.compile(rf"\s*([-+]?)\s*(?:{_NUM})\s*")
 _FRAC = re.compile(r"^([-+]?)\\[dt]?frac\s*\{\s*([-+]?[\d.]+)\s*\}\s*\{\s*([-+]?[\d.]+)\s*\}$")
 _UNIT = re.compile(r"^(?:\\\$|\$|€|£|¥|\\%|%|\\!|\\,|\\;|\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|\\left|\\right|[()])")
 _MAX_NUMBER_CHARS = 64
+_MAX_EXPONENT = 400
 
 
 def _decimal(token: str) -> Fraction | None:
+    """A number token (``1,000.5``, ``1e3``, ``3/4``) as an exact fraction; None past :data:`_MAX_NUMBER_CHARS`
+    characters or an exponent of 400 (a number no float holds, and an exact one too costly to build)."""
     token = token.replace(",", "").replace(" ", "")
     if len(token) > _MAX_NUMBER_CHARS:
         return None
     try:
-        if "/" in token:
-            num, den = token.split("/", 1)
-            d = Decimal(den)
-            return None if d == 0 else Fraction(Decimal(num)) / Fraction(d)
-        return Fraction(Decimal(token))
+        parts = [Decimal(t) for t in token.split("/", 1)]
+        if any(not p.is_finite() or abs(p.adjusted()) > _MAX_EXPONENT for p in parts):
+            return None
+        if len(parts) == 2:
+            return None if parts[1] == 0 else Fraction(parts[0]) / Fraction(parts[1])
+        return Fraction(parts[0])
     except (InvalidOperation, ValueError, ZeroDivisionError):
         return None
 
@@ -211,7 +217,27 @@ def _math_verify() -> tuple[Callable[..., Any], Callable[..., Any]]:
     except ImportError:
         raise ConfigError("checker math needs the math-verify package: pip install 'reflectrl[tasks]' "
                           "(or pip install math-verify)") from None
+    # math-verify logs every text it fails to parse in time, whole, as a warning; a failure scores 0 here
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
     return parse, verify
+
+
+_MATH_CHARS = 2000  # an answer's last 2000 characters go to math-verify (sympy's time grows fast with the text)
+
+
+_MAX_DEPTH = 32
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of brackets in ``text`` (closing ones that match nothing ignored)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}" and depth:
+            depth -= 1
+    return deepest
 
 
 def _timeout() -> int | None:
@@ -238,7 +264,10 @@ def math_equal(answer: str | None, gold: list[Any]) -> bool:
     if answer is None or not gold:
         return False
     _, verify = _math_verify()
-    got = math_parse(answer[-_SCAN:])
+    text = answer[-_MATH_CHARS:]
+    if _depth(text) > _MAX_DEPTH:  # brackets this deep are junk that costs sympy seconds (and no limit on a thread)
+        return False
+    got = math_parse(text)
     return bool(got) and bool(verify(gold, got, timeout_seconds=_timeout()))
 
 

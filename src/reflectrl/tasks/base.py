@@ -295,7 +295,8 @@ def register_task(name: str):
     return deco
 
 
-BUILTIN_TASKS = ("arith", "codegen", "humaneval", "text2sql", "rag", "data")
+BUILTIN_TASKS = ("arith", "codegen", "humaneval", "text2sql", "rag", "data", "rgym")
+"""The modules of the built-in tasks (``rgym``: the task ``reasoning-gym``)."""
 _UNAVAILABLE: dict[str, str] = {}  # built-in task -> why its module could not be imported
 
 

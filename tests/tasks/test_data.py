@@ -299,3 +299,14 @@ def test_bad_data_fails_llm_train_before_any_model_work(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == f"error: data file {path}, line 2: duplicate id 'row1' (first on line 1)"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_parquet_answer_names_its_row(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "n.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": "a", "answer": 1.0}, {"question": "b", "answer": float("nan")}]),
+                   str(path))
+    with pytest.raises(ConfigError, match=rf"^data file {path}, row 2: no answer \(column 'answer' is missing\)$"):
+        get_task("data", path=str(path), checker="number")

@@ -95,6 +95,8 @@ class DataTask:
 
     def _text(self, where: str, row: dict[str, Any], column: str, what: str) -> str:
         value = row.get(column)
+        if isinstance(value, float) and value != value:  # a missing cell of a float column (Parquet from pandas)
+            value = None
         if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
             got = "is missing" if value is None else ("is empty" if isinstance(value, str) else
                                                       f"holds a {type(value).__name__}, not text")

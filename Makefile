@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,llm,ray,bench,stats]"
+	$(BIN)/pip install -q -e ".[dev,llm,ray,bench,stats,tasks]"
 	# verl for the cross-check of the verl integration (its own dependencies pin other torch builds: none taken)
 	$(BIN)/pip install -q --no-deps "verl==0.9.1"
 	$(BIN)/pip install -q tensordict pyvers omegaconf "antlr4-python3-runtime==4.9.3" codetiming orjson

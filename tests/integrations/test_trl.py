@@ -224,3 +224,41 @@ def test_the_inline_rollout_opens_the_tag_after_each_answer(tmp_path):
         a = len(tok(answer, add_special_tokens=False).input_ids)
         assert mask[:a] == [1] * a and mask[a:a + n_open] == [0] * n_open and len(ids) == len(mask)
     assert out["inline_kind"] == ["reflect", "reflect"] and out["logprobs"] is None
+
+
+def test_rewards_on_a_dataset_of_ones_own_without_problem_ids(tmp_path):
+    """A checker and an answer column replace the problem ids: the rewards read each row's reference from TRL's
+    columns; hand-worked values."""
+    completions = ["#### 1,000<confidence>0.9</confidence>", "999<confidence>0.9</confidence>",
+                   [{"role": "assistant", "content": "\\boxed{12}<reflect>solved</reflect>"}], "no number"]
+    answers = ["1000", "1000", "Ana has 12.\n#### 12", 7]
+    log = R.RewardLog()
+    assert R.rlcr_reward(checker="number", log=log)(completions=completions, answer=answers) == \
+        pytest.approx([1 - 0.1 ** 2, -(0.9 ** 2), -2.0, -2.0])
+    assert [r["outcome"] for r in log.take()] == [1.0, 0.0, 1.0, 0.0]
+    assert R.outcome_reward(checker="exact", answer_column="gold")(completions=["Paris", "paris"],
+                                                                    gold=["Paris", "Paris"]) == [1.0, 0.0]
+    assert R.outcome_reward(checker="exact", checker_options={"ignore_case": True}, answer_column="gold")(
+        completions=["Paris", "paris"], gold=["Paris", "Paris"]) == [1.0, 1.0]
+    assert R.reflection_reward(checker="choice")(completions=["B <reflect>solved</reflect>", "Oslo<reflect>solved"
+                                                              "</reflect>"], answer=["B", "Rome"],
+                                                 choices=[["Rome", "Paris"], '["Rome", "Paris"]']) == \
+        pytest.approx([0.1, 0.0])
+    with pytest.raises(Exception, match="needs the dataset's 'answer' column"):
+        R.outcome_reward(checker="number")(completions=["1"], solution=["1"])
+    with pytest.raises(Exception, match="needs a task .* or a checker"):
+        R.outcome_reward()
+
+
+def test_task_dataset_of_the_data_task(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i),
+                                        "split": "train"}) + "\n" for i in range(6)))
+    ds = R.task_dataset("data", task_options={"path": str(path), "checker": "number"}, self_report="confidence")
+    assert ds[0]["problem_id"] == "q0" and ds[0]["answer"] == "0" and len(ds) == 6
+    assert ds[1]["prompt"][0]["content"].startswith("What is 1 + 1? Reply with only the number.")
+    by_id = R.outcome_reward("data", task_options={"path": str(path), "checker": "number"})
+    by_answer = R.outcome_reward(checker="number")
+    completions = ["2", "3 <confidence>0.5</confidence>", "#### 6"]
+    assert by_id(completions=completions, problem_id=ds["problem_id"][1:4]) == \
+        by_answer(completions=completions, answer=ds["answer"][1:4]) == [1.0, 0.0, 1.0]

@@ -28,6 +28,10 @@ def _task(name: str, options: dict[str, Any], workers: int | None = None):
     return get_task(name, **options)
 
 
+SHOWN = 5
+"""How many failing references ``validate`` shows with their text and score."""
+
+
 def _splits(choice: str) -> tuple[str, ...]:
     return SPLITS if choice == "all" else (choice,)
 
@@ -48,7 +52,8 @@ def _episode_ok(task, problem: Problem) -> bool:
 
 
 def validate(task, splits: tuple[str, ...]) -> dict[str, Any]:
-    """Per split: how many reference solutions the verifier scores 1.0, which fail, and the wall time."""
+    """Per split: how many reference solutions the verifier scores 1.0 and their share, which fail (the first
+    :data:`SHOWN` with their text and score), and the wall time."""
     report: dict[str, Any] = {"task": task.name, "splits": {}}
     start = time.monotonic()
     for split in splits:
@@ -57,11 +62,14 @@ def validate(task, splits: tuple[str, ...]) -> dict[str, Any]:
         demos = [task.demonstration(p) for p in problems]
         scores = score_all(task, problems, demos)
         failed = [p.id for p, s in zip(problems, scores) if s != 1.0]
+        shown = [{"id": p.id, "reference": d[:200], "score": s} for p, d, s in zip(problems, demos, scores)
+                 if s != 1.0][:SHOWN]
         if task.multi_turn:
             failed += [f"{p.id} (episode)" for p in problems if not _episode_ok(task, p)]
-        report["splits"][split] = {"passed": len(problems) - len({f.split(' ')[0] for f in failed}),
-                                   "total": len(problems), "failed": failed,
-                                   "seconds": round(time.monotonic() - t0, 2)}
+        passed = len(problems) - len({f.split(' ')[0] for f in failed})
+        report["splits"][split] = {"passed": passed, "total": len(problems),
+                                   "share": round(passed / len(problems), 4) if problems else None,
+                                   "failed": failed, "failures": shown, "seconds": round(time.monotonic() - t0, 2)}
     report["passed"] = sum(s["passed"] for s in report["splits"].values())
     report["total"] = sum(s["total"] for s in report["splits"].values())
     report["seconds"] = round(time.monotonic() - start, 2)
@@ -139,10 +147,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         for split, res in report["splits"].items():
+            share = f"{100 * res['passed'] / res['total']:.1f}%, " if res["total"] else ""
             print(f"{report['task']} {split}: {res['passed']}/{res['total']} reference solutions pass "
-                  f"({res['seconds']:.1f} s)")
+                  f"({share}{res['seconds']:.1f} s)")
+            scored = {f["id"]: f for f in res["failures"]}
             for pid in res["failed"][:20]:
-                print(f"  FAIL {pid}")
+                f = scored.get(pid)
+                print(f"  FAIL {pid}" + (f": the checker scores its reference {f['reference'][:80]!r} {f['score']:g}"
+                                         if f else ""))
             if len(res["failed"]) > 20:
                 print(f"  ... {len(res['failed']) - 20} more")
         print(f"{report['task']}: {report['passed']}/{report['total']} pass in {report['seconds']:.1f} s")

@@ -13,9 +13,13 @@ problems as a dataset, and a callback that logs the calibration of the self-repo
 
 Each reward function has TRL's signature (``prompts, completions, **columns -> list[float]``) and reads the dataset's
 ``problem_id`` column to find the problem. The answer is scored by the task's own verifier (code tasks in
-reflectrl's sandbox, never in the trainer's process); a self-report is the answer's own ``<reflect>`` or
-``<confidence>`` tag (the dataset's prompts ask for one). The formulas are :mod:`reflectrl.methods.rewards`, the same
-as reflectrl's own trainer and its verl rewards use:
+reflectrl's sandbox, never in the trainer's process). On any dataset of your own with an answer column, name a checker
+of the ``data`` task instead of a task (:mod:`reflectrl.tasks.checkers`: ``exact``, ``number``, ``math``, ``choice``,
+``regex`` or ``MODULE:FUNCTION``): ``rlcr_reward(checker="number", answer_column="answer")`` reads each completion's
+reference from that column (a ``choices`` or ``options`` column gives the choice checker the options' texts), and
+``checker_options`` holds its ``extract``, ``ignore_case`` and ``tolerance``. A self-report is the answer's own
+``<reflect>`` or ``<confidence>`` tag (the dataset's prompts ask for one). The formulas are
+:mod:`reflectrl.methods.rewards`, the same as reflectrl's own trainer and its verl rewards use:
 
 - :func:`outcome_reward`: the task's score (what GRPO trains on);
 - :func:`rlcr_reward`: ``acc - (q - acc)^2`` with a stated confidence q, ``format_penalty`` (-2) without one (RLCR,
@@ -48,6 +52,7 @@ from ..methods.rewards import reflection_bonus as _reflection_bonus
 from ..methods.rewards import rlcr_reward as _rlcr_reward
 from ..runlog import strict
 from ..tasks.base import SPLITS, Problem, chat_prompt, parse_confidence, parse_reflection, score_all, split_problems
+from ..tasks.checkers import Checker
 from ..tasks.selfreport import INLINE_ASKS, INLINE_FORMS, parse_inline
 from .verl_rewards import task_instance as _task
 
@@ -88,7 +93,7 @@ def task_dataset(task: str, split: str = "train", self_report: str = "off", task
             prompt = [{"role": "user", "content": text}]
         else:  # a raw-prompt model learns the tag's place in its warm-up (reflectrl llm warmup --self-report inline)
             prompt = p.prompt
-        rows.append({"prompt": prompt, "problem_id": p.id, "task": task})
+        rows.append({"prompt": prompt, "problem_id": p.id, "task": task, "answer": p.answer or ""})
     return Dataset.from_list(rows)
 
 
@@ -112,14 +117,24 @@ class RewardLog:
 
 
 class _TaskReward:
-    """A TRL reward function over one reflectrl task (see the module docstring); subclasses give ``value``."""
+    """A TRL reward function over one reflectrl task, or over any dataset with an answer column and a ``checker`` (see
+    the module docstring); subclasses give ``value``."""
 
     name = "reflectrl_reward"
 
-    def __init__(self, task: str, task_options: dict[str, Any] | None = None, log: RewardLog | None = None):
-        self.task = _task(task, task_options or {})
+    def __init__(self, task: str | None = None, task_options: dict[str, Any] | None = None,
+                 log: RewardLog | None = None, *, checker: str | Checker | None = None, answer_column: str = "answer",
+                 checker_options: dict[str, Any] | None = None):
+        if (task is None) == (checker is None):
+            raise ConfigError("a reflectrl reward needs a task (its problems, keyed by problem_id) or a checker (e.g. "
+                              "checker='number': any dataset with an answer column), not both")
         self.log = log
-        self._problems: dict[str, Problem] = {p.id: p for s in SPLITS for p in split_problems(self.task, s)}
+        self.checker = checker if isinstance(checker, Checker) else \
+            Checker(checker, **(checker_options or {})) if checker is not None else None
+        self.answer_column = answer_column
+        self.task: Any = _task(task, task_options or {}) if task is not None else None
+        self._problems: dict[str, Problem] = {p.id: p for s in SPLITS for p in split_problems(self.task, s)} \
+            if self.task is not None else {}
         self.__name__ = self.name  # TRL names each reward's metrics after it
 
     def _problem(self, pid: Any) -> Problem:
@@ -130,22 +145,31 @@ class _TaskReward:
                               "with reflectrl.integrations.trl.task_dataset") from None
 
     def parts(self, completions: Sequence[Any], problem_id: Sequence[Any], prompts: Sequence[Any] | None = None,
-              completion_ids: Sequence[Sequence[int]] | None = None, inline: dict[str, Any] | None = None
+              completion_ids: Sequence[Sequence[int]] | None = None, inline: dict[str, Any] | None = None,
+              references: Sequence[Any] | None = None, metas: Sequence[dict[str, Any]] | None = None
               ) -> list[dict[str, Any]]:
         """Per completion: ``outcome`` (the task's score), ``acc`` (1 for a full score), ``reflection`` and
         ``confidence`` (NaN where not stated); recorded in the log when there is one, with the prompt as the trainer
         gave it and the completion's token ids as sampled (where TRL passes them). ``inline``: the columns of
-        :func:`~reflectrl.integrations.trl_inline.inline_rollout` (the answer's text, scored alone, and the report's)."""
+        :func:`~reflectrl.integrations.trl_inline.inline_rollout` (the answer's text, scored alone, and the report's).
+        ``references`` (with a checker): each completion's reference answer; ``metas``: its row's other columns."""
         texts = [completion_text(c) for c in completions]
         answers = list(inline["inline_answer"]) if inline else texts
-        problems = [self._problem(pid) for pid in problem_id]
-        scores = score_all(self.task, problems, answers)
+        if references is not None and self.checker is not None:
+            ids = [None if i >= len(problem_id) else problem_id[i] for i in range(len(texts))]
+            scores = [self.checker.score(a, str(ref), m) for a, ref, m in zip(answers, references, metas or
+                                                                               [{}] * len(texts))]
+        else:
+            problems = [self._problem(pid) for pid in problem_id]
+            ids, scores = [p.id for p in problems], score_all(self.task, problems, answers)
         rows: list[dict[str, Any]] = []
-        for i, (p, t, s) in enumerate(zip(problems, texts, scores)):
+        for i, (pid, t, s) in enumerate(zip(ids, texts, scores)):
             r, q = _reports(t, inline, i)
-            rows.append({"problem_id": p.id, "completion": t, "outcome": float(s), "acc": 1.0 if float(s) >= 1.0 else 0.0,
+            rows.append({"problem_id": pid, "completion": t, "outcome": float(s), "acc": 1.0 if float(s) >= 1.0 else 0.0,
                          "reflection": math.nan if r is None else float(r),
                          "confidence": math.nan if q is None else float(q)})
+            if references is not None:
+                rows[-1]["answer"] = str(references[i])
             if prompts is not None and i < len(prompts):
                 rows[-1]["prompt"] = prompts[i]
             if completion_ids is not None and i < len(completion_ids):
@@ -159,11 +183,31 @@ class _TaskReward:
 
     def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), problem_id: Sequence[Any] = (),
                  **kwargs: Any) -> list[float]:
-        if len(problem_id) != len(completions):
-            raise ConfigError("a reflectrl reward needs the dataset's problem_id column (task_dataset writes it)")
         inline = {k: kwargs[k] for k in ("inline_answer", "inline_report", "inline_kind")} \
             if "inline_report" in kwargs else None
+        if self.checker is not None:
+            references = kwargs.get(self.answer_column)
+            if references is None or len(references) != len(completions):
+                raise ConfigError(f"a reflectrl reward with a checker needs the dataset's {self.answer_column!r} column "
+                                  f"(answer_column=...); the columns given: {', '.join(sorted(kwargs)) or 'none'}")
+            metas = [{"choices": _listed(kwargs[c][i])} for i in range(len(completions))] \
+                if (c := next((k for k in ("choices", "options") if k in kwargs), None)) else None
+            return self.value(self.parts(completions, problem_id or (), prompts, kwargs.get("completion_ids"), inline,
+                                         references, metas))
+        if len(problem_id) != len(completions):
+            raise ConfigError("a reflectrl reward needs the dataset's problem_id column (task_dataset writes it), or a "
+                              "checker and an answer column (checker='number', answer_column='answer')")
         return self.value(self.parts(completions, problem_id, prompts, kwargs.get("completion_ids"), inline))
+
+
+def _listed(value: Any) -> list[str] | None:
+    """A row's choices as a list of texts (a list, or its JSON), or None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else None
 
 
 def _reports(text: str, inline: dict[str, Any] | None, i: int) -> tuple[float | None, float | None]:
@@ -194,9 +238,9 @@ class rlcr_reward(_TaskReward):  # noqa: N801
 
     name = "reflectrl_rlcr"
 
-    def __init__(self, task: str, task_options: dict[str, Any] | None = None, log: RewardLog | None = None,
-                 format_penalty: float = RLCR_FORMAT_PENALTY):
-        super().__init__(task, task_options, log)
+    def __init__(self, task: str | None = None, task_options: dict[str, Any] | None = None,
+                 log: RewardLog | None = None, format_penalty: float = RLCR_FORMAT_PENALTY, **checker: Any):
+        super().__init__(task, task_options, log, **checker)
         self.format_penalty = float(format_penalty)
 
     def value(self, rows: list[dict[str, Any]]) -> list[float]:
@@ -217,9 +261,9 @@ class reflection_reward(_TaskReward):  # noqa: N801
 
     name = "reflectrl_reflection"
 
-    def __init__(self, task: str, task_options: dict[str, Any] | None = None, log: RewardLog | None = None,
-                 c: float = 0.1):
-        super().__init__(task, task_options, log)
+    def __init__(self, task: str | None = None, task_options: dict[str, Any] | None = None,
+                 log: RewardLog | None = None, c: float = 0.1, **checker: Any):
+        super().__init__(task, task_options, log, **checker)
         if not c >= 0:
             raise ConfigError(f"the reflection bonus c must be >= 0, got {c!r}")
         self.c = float(c)
@@ -233,9 +277,9 @@ class format_reward(_TaskReward):  # noqa: N801
 
     name = "reflectrl_format"
 
-    def __init__(self, task: str, kind: str = "confidence", task_options: dict[str, Any] | None = None,
-                 log: RewardLog | None = None):
-        super().__init__(task, task_options, log)
+    def __init__(self, task: str | None = None, kind: str = "confidence", task_options: dict[str, Any] | None = None,
+                 log: RewardLog | None = None, **checker: Any):
+        super().__init__(task, task_options, log, **checker)
         if kind not in ("reflect", "confidence"):
             raise ConfigError(f"format_reward's kind must be reflect or confidence, got {kind!r}")
         self.key = "reflection" if kind == "reflect" else "confidence"

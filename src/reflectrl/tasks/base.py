@@ -259,11 +259,19 @@ VALIDATION_HINT = ("set the task option validation_fraction=F (for example --tas
                    "move that share of the train problems to validation; the default keeps every {task} train problem")
 
 
+class EmptySplitError(ConfigError):
+    """A split asked for holds no problems (a user's file without heldout rows, say); :func:`split_problems` reads
+    it as an empty split."""
+
+
 def split_problems(task: Task, split: str) -> list[Problem]:
-    """``task.problems(split)``, or [] for a validation split the task does not have (see :func:`nonempty_split`;
-    a task written before the split existed may raise KeyError or ValueError for it)."""
+    """``task.problems(split)``, or [] for a split the task says is empty (:class:`EmptySplitError`) and for a
+    validation split the task does not have (see :func:`nonempty_split`; a task written before the split existed
+    may raise KeyError or ValueError for it)."""
     try:
         return task.problems(split)
+    except EmptySplitError:
+        return []
     except (ConfigError, KeyError, ValueError):
         if split != "validation":
             raise
@@ -287,7 +295,8 @@ def register_task(name: str):
     return deco
 
 
-BUILTIN_TASKS = ("arith", "codegen", "humaneval", "text2sql", "rag")
+BUILTIN_TASKS = ("arith", "codegen", "humaneval", "text2sql", "rag", "data", "rgym")
+"""The modules of the built-in tasks (``rgym``: the task ``reasoning-gym``)."""
 _UNAVAILABLE: dict[str, str] = {}  # built-in task -> why its module could not be imported
 
 
@@ -349,11 +358,14 @@ def get_task(name: str, **kwargs: Any) -> Task:
     import inspect
 
     load_tasks()
+    if name not in TASKS and ":" in name:
+        register_user_task(name)
     if name not in TASKS:
         if name in _UNAVAILABLE:
             raise ConfigError(f"task {name!r} is unavailable: {_UNAVAILABLE[name]} "
                               "(install the extra it needs: pip install 'reflectrl[llm]')")
-        raise ConfigError(f"unknown task {name!r}; available: {', '.join(sorted(TASKS)) or 'none'}")
+        raise ConfigError(f"unknown task {name!r}; available: {', '.join(sorted(TASKS)) or 'none'}, or "
+                          "MODULE:CLASS (a task class of your own)")
     factory = TASKS[name]
     params: Mapping[str, inspect.Parameter]
     try:
@@ -365,6 +377,59 @@ def get_task(name: str, **kwargs: Any) -> Task:
         if unknown:
             raise ConfigError(f"task {name!r} has no option {', '.join(unknown)}; options: {', '.join(params)}")
     try:
-        return factory(**kwargs)
+        task = factory(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"bad options for task {name!r}: {exc}") from None
+    return _complete(name, task) if ":" in name else task
+
+
+TASK_METHODS = ("problems", "score", "demonstration")
+"""What a task class of a user's own (``--task MODULE:CLASS``) must have; see :func:`register_user_task`."""
+
+
+def import_object(spec: str, what: str) -> Any:
+    """The object ``MODULE:NAME`` names (the current folder is importable, as with ``python -m``), or a ConfigError
+    saying why not (``what``: what it is for, as the message names it)."""
+    import importlib
+    import os
+    import sys
+
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ConfigError(f"{what} {spec!r} must be MODULE:NAME")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module)
+    except Exception as exc:  # an import error, or the user's module failing at import time
+        raise ConfigError(f"{what} {spec!r}: cannot import {module!r}: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{what} {spec!r}: module {module!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def register_user_task(spec: str) -> None:
+    """Import the task class ``MODULE:CLASS`` (the current folder is importable) and register it under that name, or
+    raise a ConfigError saying why it cannot be."""
+    obj = import_object(spec, "task")
+    lacking = [m for m in TASK_METHODS if not callable(getattr(obj, m, None))]
+    if not callable(obj) or lacking:
+        raise ConfigError(f"task {spec!r} is not a task class: it lacks {', '.join(lacking) or 'a constructor'} "
+                          "(docs/tasks.md, \"A task class of your own\")")
+    TASKS[spec] = obj
+
+
+def _complete(spec: str, task: Any) -> Task:
+    """A user's task with what it may leave out filled in: ``name`` (its ``MODULE:CLASS``), ``multi_turn`` (False) and,
+    for a single-turn task, ``make_env`` (a one-step environment whose reward is ``score``)."""
+    if not isinstance(getattr(task, "name", None), str):
+        task.name = spec
+    if not hasattr(task, "multi_turn"):
+        task.multi_turn = False
+    if not callable(getattr(task, "make_env", None)):
+        if task.multi_turn:
+            raise ConfigError(f"task {spec!r} is multi-turn but has no make_env()")
+        task.make_env = lambda: SingleTurnEnv(task)
+    return task

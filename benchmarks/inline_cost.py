@@ -59,7 +59,10 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                      "response_tokens": statistics.median(x["runs"][arm]["response_tokens"] for x in rounds)}
                for arm in arms[1:]}
     grpo = {k: statistics.median(x["runs"]["grpo"][k] for x in rounds) for k in ("cpu_s", "response_tokens")}
+    from reflectrl.tasks.selfreport import INLINE_REPORT_TOKENS
+
     return {"benchmark": "inline_cost", "model": MODEL, "updates": a.updates, "rounds": a.rounds, "seed": a.seed,
+            "report_tokens": INLINE_REPORT_TOKENS,
             "bar": BAR, "grpo": grpo, "arms": summary, "per_round": rounds,
             "command": f"python benchmarks/inline_cost.py --arms {' '.join(a.arms)} --rounds {a.rounds} "
                        f"--updates {a.updates}",
@@ -70,7 +73,8 @@ def render(files: list[str]) -> str:
     out = []
     for f in files:
         d = json.loads(resultio.results_file(f).read_text())
-        out += [f"`{d['command']}` ({d['model']}, {d['rounds']} rounds, updates 2..{d['updates']} of each run)", "",
+        out += [f"`{d['command']}` ({d['model']}, {d['rounds']} rounds, updates 2..{d['updates']} of each run; the "
+                f"report's budget {d.get('report_tokens', 'n/a')} tokens)", "",
                 "| arm | CPU s / update | response tokens / row | ratio to GRPO (median of rounds) | range | bar |",
                 "|---|---|---|---|---|---|",
                 f"| grpo | {d['grpo']['cpu_s']:.1f} | {d['grpo']['response_tokens']:.1f} | 1 | | |"]

@@ -217,6 +217,11 @@ def render(files: list[str]) -> str:
                            f"{_f(mean('selective_accuracy@0.5'))} / {_f(mean('selective_accuracy@0.8'))} | {cpu} |")
             if split == "heldout":
                 out += ["", reliability(rows, arms)]
+            elif len(arms) > 1:
+                pick = chosen(rows)
+                out += ["", f"Chosen by the rule stated before the held-out run (the highest mean AUROC among the "
+                            f"variants whose mean accuracy is within {ACCURACY_MARGIN[start_kind(rows)] * 100:.0f} "
+                            f"points of GRPO's): {pick or 'none'}."]
             out.append("")
             for metric, claims in setting_claims(rows).items():
                 for arm, c in claims.items():
@@ -258,6 +263,27 @@ ACCURACY_MARGIN = {"base": 0.03, "late": 0.02}
 base model, 2 from the late start)."""
 
 
+def start_kind(rows: list[dict[str, Any]]) -> str:
+    """``base`` or ``late``: where a setting's arms started."""
+    return "base" if all(r["start"] == "base" for r in rows) else "late"
+
+
+def chosen(rows: list[dict[str, Any]]) -> str | None:
+    """The variant a validation setting chooses: the highest mean AUROC among the arms (GRPO aside) whose mean
+    accuracy is at most the start's margin below GRPO's; None when none is."""
+    grpo = _mean([r for r in rows if r["arm"] == "grpo"], "accuracy")
+    if grpo is None:
+        return None
+    margin = ACCURACY_MARGIN[start_kind(rows)]
+    ok = []
+    for arm in sorted({r["arm"] for r in rows} - {"grpo", "start"}):
+        mine = [r for r in rows if r["arm"] == arm]
+        acc, auroc = _mean(mine, "accuracy"), _mean(mine, "auroc")
+        if acc is not None and auroc is not None and acc >= grpo - margin:
+            ok.append((auroc, arm))
+    return max(ok)[1] if ok else None
+
+
 def setting_claims(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict]]:
     """Every arm of one setting (start, updates, split) against GRPO by the one rule, paired by seed: accuracy
     (with the start's non-inferiority margin), AUROC and ECE."""
@@ -265,7 +291,7 @@ def setting_claims(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict]]:
 
     rows = [r for r in rows if r["arm"] != "start"]
     arms = sorted({r["arm"] for r in rows}, key=lambda x: (x != "grpo", x))
-    start = "base" if all(r["start"] == "base" for r in rows) else "late"
+    start = start_kind(rows)
     out = {}
     for metric, higher in (("accuracy", True), ("auroc", True), ("ece", False)):
         values = {arm: {r["seed"]: (r.get(metric) if r.get(metric) is not None else float("nan"))

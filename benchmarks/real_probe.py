@@ -96,8 +96,13 @@ def claims(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict]]:
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
-    runs = {}
+    """Probe every run the patterns match; runs already in ``--json-out`` (from an earlier call with the same
+    settings) are kept, not probed again, and the claims are decided over all of them."""
+    old = Path(a.json_out) if a.json_out else None
+    runs = json.loads(old.read_text())["runs"] if old is not None and old.is_file() else {}
     for path in sorted(p for pattern in a.runs for p in glob.glob(pattern)):
+        if path in runs:
+            continue
         print(f"probing {path}", flush=True)
         runs[path] = measure_run(Path(path), a.train_problems, a.limit, a.l2)
     return {"benchmark": "real_probe", "runs": runs, "claims": claims(runs), "train_problems": a.train_problems,

@@ -328,11 +328,11 @@ def test_user_questions_without_split_are_hashed_deterministically(tmp_path, use
 
 
 @pytest.mark.parametrize("which, rows, match", [
-    ("corpus", [{"id": "a", "text": "ok"}, '{"id": "b", "text": '], r"line 2: bad JSON"),
+    ("corpus", [{"id": "a", "text": "ok"}, '{"id": "b", "text": '], r"line 2: not JSON"),
     ("corpus", [{"id": "a", "text": "ok"}, {"id": "b"}], r"line 2: missing field 'text'"),
     ("corpus", [{"id": "a", "text": 5}], r"line 1: field 'text' must be str, got int"),
     ("corpus", [{"id": "a", "text": "x"}, "", {"id": "a", "text": "y"}], r"line 3: duplicate passage id"),
-    ("corpus", ["[1, 2]"], r"line 1: expected a JSON object"),
+    ("corpus", ["[1, 2]"], r"line 1: a row must be a JSON object"),
     ("corpus", ["", "  "], r"is empty"),
     ("corpus", [{"id": None, "text": "x"}], r"line 1: field 'id' must be str or int"),
     ("questions", [{"id": "q", "question": "?", "answers": "Paris"}], r"line 1: field 'answers' must be list"),

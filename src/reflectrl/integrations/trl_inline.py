@@ -64,7 +64,7 @@ def prompt_tokens(tok: Any, prompt: Any) -> list[int]:
     a string as it is."""
     if isinstance(prompt, list):
         ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in newer transformers
     return list(tok(prompt, add_special_tokens=False).input_ids)
 
 

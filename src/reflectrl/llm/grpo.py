@@ -49,6 +49,7 @@ from .episodes import (
 from .models import base_model_of, record_model, uses_chat
 from .policy import load_policy
 from .rollout import Rollout, RolloutStats, logged_episode
+from .train_status import TrainStatus
 from .update import REPORT_ENTROPY, ROW_ID, VALUE_HEAD, PolicyUpdate
 
 
@@ -128,6 +129,7 @@ class GRPO(PolicyUpdate, Trainer):
         # merging identical rows is exact for the built-in loss terms; a method's own terms would not see the counts
         self._dedupe = cfg.dedupe and not any(m.has_aux_loss for m in self.methods) and "hidden_grad" not in self.needs
         self._batch_shape = (0, 0)
+        self._status = TrainStatus()  # what the progress bar shows beside the count of updates
         self.update_idx = 0
         self.global_step = 0  # completions sampled so far
         self.cursor = 0  # problems drawn so far
@@ -515,9 +517,7 @@ class GRPO(PolicyUpdate, Trainer):
         rec["charts/samples_per_s"] = self._rate * self.cfg.rows
 
     def bar_values(self, rec: dict[str, Any]) -> tuple[float, str]:
-        from .train_status import TrainStatus
-
-        return self._rate, self.__dict__.setdefault("_status", TrainStatus()).add(rec, self.update_idx)
+        return self._rate, self._status.add(rec, self.update_idx)
 
     def after_iteration(self, rec: dict[str, Any], last: bool) -> None:
         cfg = self.cfg

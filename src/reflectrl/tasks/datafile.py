@@ -34,17 +34,18 @@ def file_format(path: Path) -> str:
     return fmt
 
 
-def _text(path: Path) -> str:
+def _text(path: Path, label: str = "data file") -> str:
     raw = path.read_bytes()
     if path.suffix.lower() == ".gz":
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as exc:
-            raise ConfigError(f"data file {path}: not a gzip file ({exc})") from None
+            raise ConfigError(f"{label} {path}: not a gzip file ({exc})") from None
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"data file {path}: not UTF-8 text (byte {exc.start})") from None
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{label} {path}, line {line}: not UTF-8 text (byte {exc.start})") from None
 
 
 def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
@@ -64,17 +65,23 @@ def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     return rows
 
 
-def _jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    for n, line in enumerate(_text(path).splitlines(), 1):
+def json_lines(path: Path, label: str = "data file") -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every non-blank line of a JSON lines file (``.gz`` too); a line that is not JSON, or
+    not an object, ends in one ConfigError naming ``label``, the file and the line."""
+    for n, line in enumerate(_text(path, label).splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"data file {path}, line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
+            raise ConfigError(f"{label} {path}, line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(row, dict):
-            raise ConfigError(f"data file {path}, line {n}: a row must be a JSON object, got {type(row).__name__}")
-        yield f"line {n}", row
+            raise ConfigError(f"{label} {path}, line {n}: a row must be a JSON object, got {type(row).__name__}")
+        yield n, row
+
+
+def _jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    return ((f"line {n}", row) for n, row in json_lines(path))
 
 
 def _json(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -12,7 +12,6 @@ held-out questions are about entities (subjects, bridges, answers) that no train
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Collection
@@ -22,6 +21,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .base import SPLITS, stable_hash
+from .datafile import json_lines
 
 CITIES = ("Lima", "Oslo", "Rome", "Cairo", "Delhi", "Paris", "Tokyo", "Quito", "Perth", "Dakar", "Hanoi", "Riga")
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -196,26 +196,12 @@ def kb_questions(kb: KnowledgeBase, heldout_fraction: float, seed: int) -> dict[
 # A user's own collection: JSONL files, one object per line.
 # ------------------------------------------------------------------------------------------------
 def _read_jsonl(path: str | Path, what: str) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line; one ConfigError naming the file and line otherwise."""
+    """(line number, object) for every non-blank line (:func:`~reflectrl.tasks.datafile.json_lines`); one ConfigError
+    naming the file and line otherwise."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"rag {what} file {p} {'is not a file' if p.exists() else 'does not exist'}")
-    out = []
-    with p.open("rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ConfigError(f"rag {what} file {p}, line {n}: not UTF-8 text") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"rag {what} file {p}, line {n}: bad JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise ConfigError(f"rag {what} file {p}, line {n}: expected a JSON object, got {type(obj).__name__}")
-            out.append((n, obj))
+    out = list(json_lines(p, f"rag {what} file"))
     if not out:
         raise ConfigError(f"rag {what} file {p} is empty")
     return out

@@ -152,44 +152,75 @@ class Policy(nn.Module):
                       entropy_grad: bool = False, with_logprobs: bool = False) -> TokenOutputs:
         """Log-prob (under ``logits / temperature``) of every response token of ``batch``, aligned to
         ``batch.response_ids``; positions outside the response hold 0. Gradients flow unless called
-        under ``torch.no_grad`` (through the entropy only with ``entropy_grad``)."""
+        under ``torch.no_grad`` (through the entropy only with ``entropy_grad``). On a model with a large vocabulary
+        the logits, log-softmax and entropy are computed at the response's real tokens only (:meth:`packs`), never at
+        its padding: the same numbers at those tokens, up to float rounding."""
         model = self.model if model is None else model
         P, C = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+        resp = batch.response_attention.to(self.device)
+        keep = resp.bool() if self.packs(model) and not with_hidden and not with_logprobs else None
         if self.attention == "causal" and bool(batch.prompt_mask.any(1).all()):
-            logits, hidden = self._causal_forward(batch, model, with_hidden)
+            logits, hidden = self._causal_forward(batch, model, with_hidden, keep)
         elif self.attention == "shared-prompt" and C > 0 and bool(batch.prompt_mask.any(1).all()):
             logits, hidden = self._on_shared_prompts(batch.prompt_tokens(), batch.response_ids,
-                                                     batch.response_attention, model, with_hidden)
+                                                     batch.response_attention, model, with_hidden, keep)
         else:
             ids, attn, pos = (t.to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
-            out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                        output_hidden_states=with_hidden, logits_to_keep=C + 1)
-            logits = out.logits[:, :-1].float()  # position P-1+t predicts response token t
-            hidden = out.hidden_states[-1][:, P - 1:P + C - 1] if with_hidden else None
+            if keep is None:
+                out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                            output_hidden_states=with_hidden, logits_to_keep=C + 1)
+                logits = out.logits[:, :-1].float()  # position P-1+t predicts response token t
+                hidden = out.hidden_states[-1][:, P - 1:P + C - 1] if with_hidden else None
+            else:
+                at = torch.zeros(ids.shape, dtype=torch.bool, device=self.device)
+                at[:, P - 1:P + C - 1] = keep
+                logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                               logits_to_keep=at).logits.float()
+                hidden = None
         if temperature != 1.0:
             logits = logits / temperature
         tgt = batch.response_ids.to(self.device)
         all_logp = torch.log_softmax(logits, -1)
-        logp = all_logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-        resp = batch.response_attention.to(self.device)
-        logp = logp * resp
+        if keep is not None:  # [N, V] at the real tokens, row by row: spread back over [R, C], 0 elsewhere
+            picked = all_logp.gather(-1, tgt[keep].unsqueeze(-1)).squeeze(-1)
+            logp = torch.zeros(keep.shape, dtype=picked.dtype, device=self.device).masked_scatter(keep, picked)
+        else:
+            logp = all_logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) * resp
         ent = None
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent = entropy_from_logits(logits if entropy_grad else logits.detach()) * resp
+                ent = entropy_from_logits(logits if entropy_grad else logits.detach())
+                ent = ent * resp if keep is None else torch.zeros(keep.shape, dtype=ent.dtype,
+                                                                  device=self.device).masked_scatter(keep, ent)
         return TokenOutputs(logp, ent, hidden, all_logp if with_logprobs else None)
 
-    def _causal_forward(self, batch: TokenBatch, model: nn.Module, with_hidden: bool) -> tuple[Tensor, Tensor | None]:
+    def packs(self, model: nn.Module | None = None) -> bool:
+        """Whether :meth:`forward_batch` computes the logits at the response's real tokens only: where the vocabulary
+        is at least :data:`PACK_VOCAB` (below it the projection is cheap, and the tiny models' runs stay bit for bit
+        what they were) and the model takes a boolean ``logits_to_keep`` (transformers' ``slice_logits_to_keep``)."""
+        import sys
+
+        model = self.model if model is None else model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        vocab = getattr(getattr(base, "config", None), "vocab_size", 0) or 0
+        return vocab >= PACK_VOCAB and hasattr(sys.modules.get(type(base).__module__), "slice_logits_to_keep")
+
+    def _causal_forward(self, batch: TokenBatch, model: nn.Module, with_hidden: bool, keep: Tensor | None = None
+                        ) -> tuple[Tensor, Tensor | None]:
         """The ``causal`` layout of :meth:`forward_batch`: each row shifted left by its prompt's padding (its real
         tokens at positions 0, 1, ..., its end padded with copies), one forward with no attention mask, and the
         logits ``[R, C, V]`` (float) that predict each response token, with the last hidden states ``[R, C, H]``
-        before them when asked."""
+        before them when asked; given ``keep`` (``[R, C]``), only the logits of its tokens, ``[N, V]`` row by row."""
         dev = self.device
         ids = batch.input_ids.to(dev)
         R, L = ids.shape
         P, C = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
         lens = batch.prompt_mask.to(dev).sum(1)  # real prompt tokens per row
         src = (torch.arange(L, device=dev)[None] + (P - lens)[:, None]).clamp_max(L - 1)  # [R, L]
+        if keep is not None:  # row r's token t is predicted from its position lens - 1 + t
+            at = torch.zeros((R, L), dtype=torch.bool, device=dev).scatter_(
+                1, ((lens - 1)[:, None] + torch.arange(C, device=dev)[None]).clamp_max(L - 1), keep)
+            return model(input_ids=ids.gather(1, src), use_cache=False, logits_to_keep=at).logits.float(), None
         first = int(lens.min()) - 1  # the first position any row's response is predicted from
         out = model(input_ids=ids.gather(1, src), use_cache=False, output_hidden_states=with_hidden,
                     logits_to_keep=L - first)
@@ -235,20 +266,30 @@ class Policy(nn.Module):
         return logits, hidden, mask, pos, cache
 
     def _on_shared_prompts(self, prompts: Sequence[Sequence[int]], response_ids: Tensor, response_attention: Tensor,
-                           model: nn.Module | None = None, with_hidden: bool = False
+                           model: nn.Module | None = None, with_hidden: bool = False, keep: Tensor | None = None
                            ) -> tuple[Tensor, Tensor | None]:
         """The logits ``[R, C, V]`` (float) that predict each response token of rows whose prompts repeat (the G rows
         of a group), with the last hidden states ``[R, C, H]`` before them when asked: each distinct prompt runs
         once (:meth:`prefill_shared`), then the responses run on its keys and values. With gradients, a prompt's
-        forward and backward run once for all the rows that share it."""
+        forward and backward run once for all the rows that share it. Given ``keep`` (``[R, C]``), only the logits
+        of its tokens, ``[N, V]`` row by row."""
         dev = self.device
         head, h0, mask, _, cache = self._prefill(prompts, False, model, with_hidden)
         resp = response_attention.to(dev).long()
         attn = torch.cat([mask, resp], 1)
         pos = mask.sum(1)[:, None] + (resp.cumsum(1) - 1).clamp_min(0)
+        rest: dict[str, Any] = {}
+        if keep is not None:  # position t predicts token t + 1; the prompt's last position, token 0
+            rest["logits_to_keep"] = torch.cat([keep[:, 1:], torch.zeros_like(keep[:, :1])], 1)
         out = (self.model if model is None else model)(
             input_ids=response_ids.to(dev), attention_mask=attn, position_ids=pos, use_cache=True,
-            output_hidden_states=with_hidden, **{self._cache_kw: cache})
+            output_hidden_states=with_hidden, **{self._cache_kw: cache}, **rest)
+        if keep is not None:
+            at = keep.flatten().cumsum(0).view(keep.shape) - 1  # each kept token's row in the packed logits
+            later = keep.clone()
+            later[:, 0] = False
+            order = torch.cat([at[:, 0][keep[:, 0]], at[later]]).argsort()
+            return torch.cat([head[keep[:, 0]], out.logits]).float()[order], None
         logits = torch.cat([head[:, None], out.logits[:, :-1]], 1).float()
         if h0 is None:
             return logits, None
@@ -359,6 +400,10 @@ class Policy(nn.Module):
             save_file({k: v.contiguous() for k, v in self.heads.state_dict().items()}, str(out / HEADS_FILE),
                       metadata={"heads": ",".join(f"{n}:{self.heads[n].__class__.__name__}" for n in self.heads)})
         return out
+
+
+PACK_VOCAB = 4096
+"""The vocabulary from which :meth:`Policy.forward_batch` computes logits at the response's real tokens only."""
 
 
 def _cache_kwarg(model: nn.Module) -> str:

@@ -2,6 +2,8 @@
 
     python benchmarks/inline_cost.py --arms rlcr-inline-batch-rank refgrpo-inline --rounds 3 --updates 4 \\
         --json-out benchmarks/results/inline_cost.json
+    python benchmarks/inline_cost.py --task text2sql --arms rlcr-inline-batch-rank --rounds 3 --updates 4 \\
+        --json-out benchmarks/results/inline_cost_text2sql.json
     python benchmarks/inline_cost.py --render inline_cost.json
 
 Each round trains SmolLM2-135M-Instruct from the base model with GRPO and with each self-report arm, at the
@@ -9,7 +11,9 @@ settings of ``benchmarks/real_equal.py`` (LoRA 16, 8 prompts x 8, one thread, sh
 processes one at a time, the arms' order reversed every other round. Per run: the median over updates 2..N of the
 process CPU seconds of an update (``time/cpu_iteration``: the first update warms the allocator up), split into
 generating and training by the run's own timers, and the mean response tokens per row (answer plus report). The
-ratio is the median over rounds of arm / GRPO within the round; the bar is 1.15x.
+ratio is the median over rounds of arm / GRPO within the round; the bar is 1.15x. The machine's load average is
+recorded before each run. ``--task text2sql`` measures the same on a task with longer answers (the report's
+tokens are a smaller share of each row).
 """
 
 from __future__ import annotations
@@ -30,10 +34,16 @@ from reflectrl.runlog import read_metrics
 BAR = 1.15
 
 
-def one_run(arm: str, updates: int, seed: int, root: Path) -> dict[str, float]:
-    """Train ``arm`` for ``updates`` updates; its per-update medians (updates 2..N)."""
+TASKS = {"arith": TASK, "text2sql": ("--task", "text2sql")}
+
+
+def one_run(arm: str, updates: int, seed: int, root: Path, task: str = "arith") -> dict[str, float]:
+    """Train ``arm`` for ``updates`` updates; its per-update medians (updates 2..N), and the load average before."""
+    import os
+
+    load = os.getloadavg()[0]
     run = root / f"{arm}_s{seed}"
-    run_cli(["llm", "train", *ARMS[arm], *TASK, "--model", MODEL, *TRAIN, "--updates", str(updates), "--seed",
+    run_cli(["llm", "train", *ARMS[arm], *TASKS[task], "--model", MODEL, *TRAIN, "--updates", str(updates), "--seed",
              str(seed), "--run-dir", str(run), "--no-export-model"], root / "train.log")
     recs = read_metrics(run / "metrics.jsonl")[1:]
 
@@ -41,7 +51,7 @@ def one_run(arm: str, updates: int, seed: int, root: Path) -> dict[str, float]:
         return float(statistics.median(float(r[key]) for r in recs))
 
     return {"cpu_s": med("time/cpu_iteration"), "generate_s": med("time/generate"), "update_s": med("time/update"),
-            "response_tokens": med("completion/mean_length")}
+            "response_tokens": med("completion/mean_length"), "load_before": load}
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
@@ -50,7 +60,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             order = arms if r % 2 == 0 else arms[::-1]
-            runs = {arm: one_run(arm, a.updates, a.seed, Path(tmp) / f"round{r}") for arm in order}
+            runs = {arm: one_run(arm, a.updates, a.seed, Path(tmp) / f"round{r}", a.task) for arm in order}
             rounds.append({"order": order, "runs": runs,
                            "ratio": {arm: runs[arm]["cpu_s"] / runs["grpo"]["cpu_s"] for arm in arms[1:]}})
     summary = {arm: {"ratio_median": statistics.median(x["ratio"][arm] for x in rounds),
@@ -61,20 +71,20 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     grpo = {k: statistics.median(x["runs"]["grpo"][k] for x in rounds) for k in ("cpu_s", "response_tokens")}
     from reflectrl.tasks.selfreport import INLINE_REPORT_TOKENS
 
-    return {"benchmark": "inline_cost", "model": MODEL, "updates": a.updates, "rounds": a.rounds, "seed": a.seed,
+    return {"benchmark": "inline_cost", "model": MODEL, "task": a.task, "updates": a.updates, "rounds": a.rounds, "seed": a.seed,
             "report_tokens": INLINE_REPORT_TOKENS,
             "bar": BAR, "grpo": grpo, "arms": summary, "per_round": rounds,
-            "command": f"python benchmarks/inline_cost.py --arms {' '.join(a.arms)} --rounds {a.rounds} "
-                       f"--updates {a.updates}",
-            "train_flags": " ".join([*TASK, *TRAIN])}
+            "command": "python benchmarks/inline_cost.py" + (f" --task {a.task}" if a.task != "arith" else "")
+                       + f" --arms {' '.join(a.arms)} --rounds {a.rounds} --updates {a.updates}",
+            "train_flags": " ".join([*TASKS[a.task], *TRAIN])}
 
 
 def render(files: list[str]) -> str:
     out = []
     for f in files:
         d = json.loads(resultio.results_file(f).read_text())
-        out += [f"`{d['command']}` ({d['model']}, {d['rounds']} rounds, updates 2..{d['updates']} of each run; the "
-                f"report's budget {d.get('report_tokens', 'n/a')} tokens)", "",
+        out += [f"`{d['command']}` ({d['model']} on {d.get('task', 'arith')}, {d['rounds']} rounds, updates "
+                f"2..{d['updates']} of each run; the report's budget {d.get('report_tokens', 'n/a')} tokens)", "",
                 "| arm | CPU s / update | response tokens / row | ratio to GRPO (median of rounds) | range | bar |",
                 "|---|---|---|---|---|---|",
                 f"| grpo | {d['grpo']['cpu_s']:.1f} | {d['grpo']['response_tokens']:.1f} | 1 | | |"]
@@ -92,4 +102,5 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--updates", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--task", default="arith", choices=sorted(TASKS), help="arith (sums, short answers) or text2sql")
     resultio.main(ap, measure, render)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from reflectrl.experiments.llm_report import ACCURACY_MARGIN
+
 from .helpers import BENCHMARKS, benchmark_script
 
 RESULTS = BENCHMARKS / "results"
@@ -60,7 +62,7 @@ def _null_trial(llm, seed, rng, n: int) -> list[list[bool]]:
     seeds = [str(s) for s in range(1, n + 1)]
     metrics = {}
     for k in ("accuracy", "reflection_accuracy", "auroc", "ece", "brier"):
-        shift = -llm.ACCURACY_MARGIN if k == "accuracy" else 0.0
+        shift = -ACCURACY_MARGIN if k == "accuracy" else 0.0
         base = rng.normal(0.5, MARGIN_SCALE, n)
         metrics[k] = {"n": n, "per_seed": {s: [float(b + shift + rng.normal(0, 0.02)), float(b)]
                                            for s, b in zip(seeds, base)}}
@@ -70,7 +72,7 @@ def _null_trial(llm, seed, rng, n: int) -> list[list[bool]]:
                                  for m in ("m1", "m2")}}
     for rec in result["methods"].values():  # each method its own draw
         for k, c in rec["metrics"].items():
-            shift = -llm.ACCURACY_MARGIN if k == "accuracy" else 0.0
+            shift = -ACCURACY_MARGIN if k == "accuracy" else 0.0
             c["per_seed"] = {s: [float(b + shift + rng.normal(0, 0.02)), float(b)] for s, (_, b) in c["per_seed"].items()}
     llm.decide_result(result, min_seeds=3)
     families = [[wrong(v, k == "accuracy") for rec in result["methods"].values() for k, v in rec["verdicts"].items()],

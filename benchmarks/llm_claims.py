@@ -97,6 +97,46 @@ def self_knowledge_values(runs: dict[int, dict]) -> dict[str, dict[str, float]]:
     return {k: {s: v for s, v in d.items() if math.isfinite(v)} for k, d in out.items()}
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+VARIANTS = RESULTS / "variants.json"
+"""Every variant tried per question, and the split it was chosen on (see its "about")."""
+
+
+def question_of(name: str | None) -> tuple[str | None, list[str], bool]:
+    """The question a claims file answers (``variants.json``), the other held-out tables of that question, and
+    whether the file's variants were chosen on validation problems (then its family is its own runs')."""
+    if not name or not VARIANTS.is_file():
+        return None, [], False
+    for q, rec in json.loads(VARIANTS.read_text())["questions"].items():
+        mine = [v for v in rec["variants"] if v.get("claims") == name]
+        if mine:
+            if all(v["chosen_on"] == "validation" for v in mine):
+                return q, [], True
+            return q, sorted({v["claims"] for v in rec["variants"] if v.get("claims") not in (None, name)
+                              and v["claims"].startswith("llm_claims_")}), False
+    return None, [], False
+
+
+def _pairs_of(metrics: dict) -> dict[str, tuple]:
+    out = {}
+    for k, c in metrics.items():
+        if k not in NEUTRAL and c.get("n", 0) and "per_seed" in c:
+            d = np.array(list(c["per_seed"].values()), float)
+            out[k] = (d[:, 0], d[:, 1])
+    return out
+
+
+def sibling_pairs(result: dict, others: list[str]) -> dict[str, dict[str, tuple]]:
+    """The per-seed pairs of every other variant tried on the same held-out problems, from its own claims file
+    (``FILE: method``); a method of this result's own is the same runs, so it is not counted twice."""
+    out = {}
+    for other in others:
+        for m, rec in json.loads((RESULTS / other).read_text())["methods"].items():
+            if m not in result["methods"]:
+                out[f"{other}: {m}"] = _pairs_of(rec["metrics"])
+    return out
+
+
 SELF_REFERENCE = {"auroc": 0.5, "reflection_minus_best_constant": 0.0, "step_auroc": 0.5}
 
 
@@ -129,8 +169,11 @@ def decide_result(result: dict, min_seeds: int) -> dict:
                 rec["verdicts"][k] = "too few seeds (0)"
             else:  # a table from before per-seed values were kept: nothing to decide on
                 rec["verdicts"][k] = f"inconclusive ({c['n']} seeds; per-seed values not kept)"
-    family = heldout_family(pairs, min_n=min_seeds)  # one family: every method's directed metrics, as report.md
-    for m, by_metric in family.items():
+    question, others, chosen_on_validation = question_of(result.get("claims_file"))
+    # one family: every method's directed metrics, as report.md, with every variant tried on the same held-out problems
+    family = heldout_family({**pairs, **sibling_pairs(result, others)}, min_n=min_seeds)
+    result.update(question=question, family_with=others, chosen_on_validation=chosen_on_validation)
+    for m, by_metric in ((m, family[m]) for m in pairs):
         for k, decided in by_metric.items():
             result["methods"][m]["metrics"][k]["claim"] = decided
             result["methods"][m]["verdicts"][k] = decided["verdict"]
@@ -287,6 +330,18 @@ def gather(out: Path, task: str, baseline: str, methods: list[str]) -> dict:
                                 for m, r in all_runs.items()}}
 
 
+def family_note(result: dict) -> str:
+    """Which variants of the same question share the family (variants.json), or that the variant was chosen on
+    validation problems."""
+    if result.get("chosen_on_validation"):
+        return (f", this table's runs alone: its variant was chosen on validation problems (question "
+                f"{result['question']} of variants.json)")
+    if result.get("family_with"):
+        return (", with every variant tried on the same held-out problems (question "
+                f"{result['question']} of variants.json: {', '.join(result['family_with'])})")
+    return ""
+
+
 def render(result: dict) -> str:
     """The markdown tables of a decided ``result`` (nothing read but the result)."""
     methods, baseline = list(result["methods"]), result["baseline"]
@@ -305,7 +360,7 @@ def render(result: dict) -> str:
         f"{m} {len(result['methods'][m]['seeds'])}" for m in methods) + ". Verdicts of the two method tables: Holm "
         f"over the {result['family_hypotheses']} hypotheses of this task's family (every method's directed metrics "
         "against the baseline and accuracy's non-inferiority, as `reflectrl llm compare` decides them; NI p: the "
-        "adjusted p of non-inferiority); the self-knowledge table: Holm over its own checks.\n")
+        "adjusted p of non-inferiority)" + family_note(result) + "; the self-knowledge table: Holm over its own checks.\n")
     names = ["auroc", "reflection_minus_best_constant"]
     head = ("| method | mean AUROC [95% t CI], Holm p (> 0.5?) | reflection acc. - best constant [95% t CI], Holm p "
             "(> 0?) |")
@@ -395,10 +450,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.rerender is not None:
         result = migrate(json.loads(a.rerender.read_text()), a.md_out)
+        result["claims_file"] = a.rerender.name
     else:
         if a.out is None or a.task is None or not a.methods:
             ap.error("--out, --task and --methods are needed (or --rerender)")
         result = gather(a.out, a.task, a.baseline, a.methods)
+        result["claims_file"] = a.json_out.name if a.json_out else None
     text = render(decide_result(result, a.min_seeds))
     print(text)
     if a.md_out:

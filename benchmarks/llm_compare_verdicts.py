@@ -26,6 +26,17 @@ REPORTS = {"llm_compare_arith17.md": "llm_claims_arith17.json", "llm_compare_ari
 """Each report with a verdict column, and the claims file of the same runs (the same methods, seeds and baseline)."""
 
 
+def variants_note(claims: dict) -> str:
+    """Where the claims file's family holds other variants of its question (benchmarks/results/variants.json)."""
+    if claims.get("chosen_on_validation"):
+        return (f" The variant was chosen on validation problems (question {claims['question']} of "
+                "benchmarks/results/variants.json), so the family is these runs' alone.")
+    if claims.get("family_with"):
+        return (f" The family also holds every variant tried on the same held-out problems (question "
+                f"{claims['question']} of benchmarks/results/variants.json: {', '.join(claims['family_with'])}).")
+    return ""
+
+
 def refreshed(report: str, claims: dict) -> str:
     """``report`` with its verdict column, family line and verdict definition from the decided ``claims``."""
     baseline, methods = claims["baseline"], claims["methods"]
@@ -46,7 +57,7 @@ def refreshed(report: str, claims: dict) -> str:
             in_table = True
         elif in_table and not cells:
             in_table = False
-            out += [line, family_line(claims["family_hypotheses"], baseline)]  # and the blank line after it, below
+            out += [line, family_line(claims["family_hypotheses"], baseline) + variants_note(claims)]  # blank: below
         elif in_table and cells[0] in methods:
             c = methods[cells[0]]["metrics"]["accuracy"]["claim"]
             if sorted(methods[cells[0]]["seeds"]) and "p_holm" in c:

@@ -217,7 +217,9 @@ def render(files: list[str]) -> str:
                            f"{_f(mean('mean_confidence'))} | {_f(1 - (mean('confidence_missing_rate') or 0), 2)} | "
                            f"{_f(mean('selective_accuracy@0.5'))} / {_f(mean('selective_accuracy@0.8'))} | {cpu} |")
             if split == "heldout":
-                out += ["", reliability(rows, arms)]
+                out += ["", reliability(rows, arms), "", "Held-out problems, evaluated once, for the variant chosen on "
+                        "validation problems and GRPO (every variant tried and its split: benchmarks/results/variants.json"
+                        "); the verdicts below are this setting's family alone."]
             elif len(arms) > 1:
                 pick = chosen(rows)
                 out += ["", f"Chosen by the rule stated before the held-out run (the highest mean AUROC among the "

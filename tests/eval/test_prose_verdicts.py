@@ -13,7 +13,10 @@ from .helpers import BENCHMARKS, benchmark_script
 ROOT = BENCHMARKS.parent
 RESULTS = BENCHMARKS / "results"
 QUOTE = re.compile(r"[-+]?\d[\d,]*\.?\d* \[[-+]?\d[\d,]*\.?\d*, [-+]?\d[\d,]*\.?\d*\]")
-VERDICT = re.compile(r"not lower|not higher|inconclusive|\"better\"|\"worse\"|(?<=\], )better\b|(?<=\], )worse\b")
+VERDICT = re.compile(r"not lower|not higher|inconclusive|\"better\"|\"worse\"")
+"""Verdict words wherever they stand in the clause."""
+AFTER = re.compile(VERDICT.pattern + r"|(?<=, )better\b|(?<=, )worse\b|(?<=\*\*)better(?=\*\*)|(?<=\*\*)worse(?=\*\*)")
+"""After a quote, a bare "better" or "worse" after a comma gives it a verdict too ("+0.266 [...] over GRPO's, better")."""
 METRICS = {"accuracy": r"(?<!reflection )accuracy", "reflection_accuracy": r"reflection accuracy|reflections",
            "ece": r"(?<!per-step )ECE", "step_ece": r"per-step ECE", "auroc": r"(?<!per-step )AUROC|confidence",
            "step_auroc": r"per-step AUROC|per-step confidence", "brier": r"Brier", "underconfidence": r"underconfidence",
@@ -83,10 +86,10 @@ def clause_verdict(para: str, start: int, end: int) -> str | None:
     quotes = [m.span() for m in QUOTE.finditer(para)]
     after_end = min([s for s, _ in quotes if s >= end] + [hi])
     before_start = max([e for _, e in quotes if e <= start] + [lo])
-    after = VERDICT.findall(para[end:after_end])
+    after = [m.group(0) for m in AFTER.finditer(para, end, after_end)]  # pos, endpos: lookbehinds see the quote
     if after:
         return after[0].strip('"')
-    before = VERDICT.findall(para[before_start:start])
+    before = [m.group(0) for m in VERDICT.finditer(para, before_start, start)]
     return before[-1].strip('"') if before else None
 
 

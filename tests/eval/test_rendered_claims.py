@@ -127,3 +127,37 @@ def test_the_claims_scripts_keep_the_family_wise_rate_on_null_data(n, monkeypatc
     assert rate <= bound
     monkeypatch.setattr(stats, "holm", lambda p: __import__("numpy").asarray(p, float))
     assert _family_wise_rate(n, trials)[0] > bound
+
+
+def test_every_variant_tried_is_on_record_and_in_its_family():
+    """benchmarks/results/variants.json names, per question, every variant tried and the split it was chosen on;
+    each variant is in the claims file it names, and every table of a question whose variants were chosen on held-out
+    problems is decided in one family with all the question's other held-out tables (the same hypothesis count)."""
+    variants = json.loads((RESULTS / "variants.json").read_text())["questions"]
+    assert {"arith-bar-weak", "arith-bar-late", "real-equal-base", "real-equal-late"} <= set(variants)
+    for q, rec in variants.items():
+        sizes = set()
+        for v in rec["variants"]:
+            assert v["chosen_on"].split(",")[0] in ("heldout", "validation"), (q, v)
+            if not (v.get("claims") or "").startswith("llm_claims_"):
+                continue
+            claims = json.loads((RESULTS / v["claims"]).read_text())
+            assert v["method"] in claims["methods"] and claims["question"] == q, (q, v)
+            assert claims["chosen_on_validation"] == (v["chosen_on"] == "validation"), (q, v)
+            if v["chosen_on"] == "heldout":
+                sizes.add(claims["family_hypotheses"])
+        assert len(sizes) <= 1, (q, sizes)  # one family for the question's held-out-chosen tables
+
+
+def test_one_comparison_one_verdict_across_claims_files():
+    """A comparison kept in two claims files (the same method, baseline and per-seed pairs) reads the same in both."""
+    seen: dict[tuple, tuple[str, str]] = {}
+    for path in sorted(RESULTS.glob("llm_claims_*.json")):
+        res = json.loads(path.read_text())
+        for m, rec in res["methods"].items():
+            for k, c in rec["metrics"].items():
+                if "per_seed" not in c or k not in rec["verdicts"]:
+                    continue
+                key = (m, res["baseline"], k, json.dumps(c["per_seed"], sort_keys=True))
+                first = seen.setdefault(key, (path.name, rec["verdicts"][k]))
+                assert first[1] == rec["verdicts"][k], (key[:3], first, path.name, rec["verdicts"][k])

@@ -161,3 +161,19 @@ def test_one_comparison_one_verdict_across_claims_files():
                 key = (m, res["baseline"], k, json.dumps(c["per_seed"], sort_keys=True))
                 first = seen.setdefault(key, (path.name, rec["verdicts"][k]))
                 assert first[1] == rec["verdicts"][k], (key[:3], first, path.name, rec["verdicts"][k])
+
+
+def test_no_summary_row_is_undecidable_by_construction():
+    """Every row left in the README's claims table can decide at its seed count (the exact test's smallest p times
+    its family's size below 0.05) or holds a decisive verdict; the rest are listed under the table, each with the
+    seeds that deciding it would take."""
+    summary = benchmark_script("render_summary")
+    rows = summary.all_rows("")
+    table = summary.claims_table("")
+    for row, n, family, verdicts, cost in rows:
+        kept = row in table
+        assert kept == (summary.decidable(family, n) or any(v in summary.DECISIVE for v in verdicts)), row
+        if not kept:
+            assert summary.seeds_to_decide(family, n) > n and "deciding needs" in cost
+            assert summary.decidable(family, summary.seeds_to_decide(family, n))
+    assert any(line.startswith("Not decidable at their seed counts") for line in table) or all(r[0] in table for r in rows)

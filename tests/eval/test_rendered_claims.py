@@ -53,7 +53,7 @@ def test_every_compare_report_reads_as_its_claims_file():
 MARGIN_SCALE = 0.1  # the spread of the null data's per-seed values
 
 
-def _null_trial(llm, seed, rng, n: int) -> list[list[bool]]:
+def _null_trial(llm, seed, real_equal, rng, n: int) -> list[list[bool]]:
     """One draw of null data through each claims script's deciding function; returns, per family, whether each
     claim's verdict is a false decision: any decisive word where the true difference is 0, "better" or "not lower"
     where it is exactly the margin in the worse direction ("worse" is true there).
@@ -89,6 +89,15 @@ def _null_trial(llm, seed, rng, n: int) -> list[list[bool]]:
     families += [[wrong(r[k], k == "final_verdict") for r in e["methods"].values() for k in ("final_verdict", "early_verdict")]
                  for e in out["envs"].values()]
     families.append([wrong(v["verdict"]) for v in out["sparse_vs_dense"].values()])
+    rows = []  # the real model's setting (real_equal.py): two arms against GRPO, accuracy at the 3-point margin
+    for seed_ in range(1, n + 1):
+        acc, auroc, ece = rng.normal(0.4, 0.05), rng.normal(0.5, 0.05), rng.normal(0.2, 0.05)
+        rows.append({"arm": "grpo", "seed": seed_, "start": "base", "accuracy": acc, "auroc": auroc, "ece": ece})
+        for arm in ("a1", "a2"):
+            rows.append({"arm": arm, "seed": seed_, "start": "base", "accuracy": acc - 0.03 + rng.normal(0, 0.02),
+                         "auroc": auroc + rng.normal(0, 0.02), "ece": ece + rng.normal(0, 0.02)})
+    real = real_equal.setting_claims(rows)
+    families.append([wrong(c["verdict"], k == "accuracy") for k, by in real.items() for c in by.values()])
     return families
 
 
@@ -101,11 +110,11 @@ def wrong(verdict: str, at_margin: bool = False) -> bool:
 def _family_wise_rate(n: int, trials: int) -> tuple[float, int]:
     import numpy as np
 
-    llm, seed = benchmark_script("llm_claims"), benchmark_script("seed_claims")
+    llm, seed, real = benchmark_script("llm_claims"), benchmark_script("seed_claims"), benchmark_script("real_equal")
     rng = np.random.default_rng(n)
     errors = total = 0
     for _ in range(trials):
-        for fam in _null_trial(llm, seed, rng, n):
+        for fam in _null_trial(llm, seed, real, rng, n):
             errors += any(fam)
             total += 1
     return errors / total, total
@@ -113,7 +122,8 @@ def _family_wise_rate(n: int, trials: int) -> tuple[float, int]:
 
 @pytest.mark.parametrize("n", [6, 10])
 def test_the_claims_scripts_keep_the_family_wise_rate_on_null_data(n, monkeypatch):
-    """Null data through the claims scripts' own deciding functions (llm_claims.decide_result, seed_claims.decide_claims)
+    """Null data through the claims scripts' own deciding functions (llm_claims.decide_result, seed_claims.decide_claims,
+    real_equal.setting_claims)
     at 6 and 10 seeds, where the exact tests can reject: in at most 5% of families (plus three Monte-Carlo errors) any
     decisive word, "not lower" where the true difference equals the margin included. With the Holm step removed the
     same data decide in far more families, so this test can fail."""

@@ -50,8 +50,9 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             order = arms if r % 2 == 0 else arms[::-1]
+            load = resultio.load_average()
             runs = {arm: one_run(arm, a.updates, a.seed, Path(tmp) / f"round{r}") for arm in order}
-            rounds.append({"order": order, "runs": runs,
+            rounds.append({"order": order, "load_before": load, "runs": runs,
                            "ratio": {arm: runs[arm]["cpu_s"] / runs["grpo"]["cpu_s"] for arm in arms[1:]}})
     summary = {arm: {"ratio_median": statistics.median(x["ratio"][arm] for x in rounds),
                      "ratio_range": [min(x["ratio"][arm] for x in rounds), max(x["ratio"][arm] for x in rounds)],

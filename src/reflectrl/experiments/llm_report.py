@@ -113,7 +113,8 @@ def family_line(hypotheses: int, baseline: str) -> str:
     """The sentence under a task's accuracy table naming the family its verdicts were adjusted in."""
     return (f"Verdicts: Holm over the {hypotheses} hypotheses of this task's family (every method against {baseline} "
             "on every held-out metric with a better direction, accuracy's non-inferiority included: the family "
-            "benchmarks/llm_claims.py decides too); this table shows its accuracy claims.")
+            "benchmarks/llm_claims.py decides too, widened there to every variant tried on the same held-out problems "
+            "where its variants.json records several); this table shows its accuracy claims.")
 
 
 VERDICT_DEFINITION = (

@@ -11,9 +11,9 @@ settings of ``benchmarks/real_equal.py`` (LoRA 16, 8 prompts x 8, one thread, sh
 processes one at a time, the arms' order reversed every other round. Per run: the median over updates 2..N of the
 process CPU seconds of an update (``time/cpu_iteration``: the first update warms the allocator up), split into
 generating and training by the run's own timers, and the mean response tokens per row (answer plus report). The
-ratio is the median over rounds of arm / GRPO within the round; the bar is 1.15x. The machine's load average is
-recorded before each run. ``--task text2sql`` measures the same on a task with longer answers (the report's
-tokens are a smaller share of each row).
+ratio is the median over rounds of arm / GRPO within the round; the bar is 1.15x. The load average is recorded
+before each round. ``--task text2sql`` measures the same on a task with longer answers (the report's tokens are a
+smaller share of each row).
 """
 
 from __future__ import annotations
@@ -38,10 +38,7 @@ TASKS = {"arith": TASK, "text2sql": ("--task", "text2sql")}
 
 
 def one_run(arm: str, updates: int, seed: int, root: Path, task: str = "arith") -> dict[str, float]:
-    """Train ``arm`` for ``updates`` updates; its per-update medians (updates 2..N), and the load average before."""
-    import os
-
-    load = os.getloadavg()[0]
+    """Train ``arm`` for ``updates`` updates; its per-update medians (updates 2..N)."""
     run = root / f"{arm}_s{seed}"
     run_cli(["llm", "train", *ARMS[arm], *TASKS[task], "--model", MODEL, *TRAIN, "--updates", str(updates), "--seed",
              str(seed), "--run-dir", str(run), "--no-export-model"], root / "train.log")
@@ -51,7 +48,7 @@ def one_run(arm: str, updates: int, seed: int, root: Path, task: str = "arith") 
         return float(statistics.median(float(r[key]) for r in recs))
 
     return {"cpu_s": med("time/cpu_iteration"), "generate_s": med("time/generate"), "update_s": med("time/update"),
-            "response_tokens": med("completion/mean_length"), "load_before": load}
+            "response_tokens": med("completion/mean_length")}
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
@@ -60,8 +57,9 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             order = arms if r % 2 == 0 else arms[::-1]
+            load = resultio.load_average()
             runs = {arm: one_run(arm, a.updates, a.seed, Path(tmp) / f"round{r}", a.task) for arm in order}
-            rounds.append({"order": order, "runs": runs,
+            rounds.append({"order": order, "load_before": load, "runs": runs,
                            "ratio": {arm: runs[arm]["cpu_s"] / runs["grpo"]["cpu_s"] for arm in arms[1:]}})
     summary = {arm: {"ratio_median": statistics.median(x["ratio"][arm] for x in rounds),
                      "ratio_range": [min(x["ratio"][arm] for x in rounds), max(x["ratio"][arm] for x in rounds)],

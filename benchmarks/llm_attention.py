@@ -9,7 +9,8 @@ One GRPO update of ``--algo`` (default grpo) on ``--task`` gives a real batch (i
 padding); then a forward and backward of the policy's log-probs over that batch, as the update computes them,
 runs ``--reps`` times in each layout, in a rotating order, in one process, timed by the process's CPU clock (all
 threads) so that other load on a shared machine does not skew the ratio. It reports the CPU seconds per pass of each
-layout, each one's speedup over padded, and the largest log-prob difference from padded. The batch is the whole
+layout, each one's speedup over padded (the median and range of the per-round paired ratios), the load averages
+before each round, and the largest log-prob difference from padded. The batch is the whole
 update's (a group's rows together), as one micro-batch. The last line of output is one JSON object.
 """
 
@@ -25,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultio import load_average, paired_ratios, results_file  # noqa: E402
 from resultio import main as run  # noqa: E402
-from resultio import results_file  # noqa: E402
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
@@ -47,7 +48,9 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     layouts = ["padded", "causal", "shared-prompt"]
     cpu: dict[str, list[float]] = {k: [] for k in layouts}
     logp: dict[str, Any] = {}
+    loads = []
     for rep in range(a.reps + 1):
+        loads.append(load_average())
         for layout in layouts[rep % 3:] + layouts[:rep % 3]:
             policy.attention = layout
             policy.zero_grad(set_to_none=True)
@@ -59,16 +62,17 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             logp[layout] = out.logp.detach()
     mask = batch.completion_mask
     med = {k: statistics.median(v) for k, v in cpu.items()}
+    causal, shared = paired_ratios(cpu["padded"], cpu["causal"]), paired_ratios(cpu["padded"], cpu["shared-prompt"])
     return {"task": a.task, "model": a.model, "algo": a.algo, "rows": batch.rows,
             "prompt_width": int(batch.prompt_ids.shape[1]), "response_width": batch.steps,
             "pad_share": 1.0 - float(batch.attention_mask.float().mean()),
             "threads": torch.get_num_threads(), "reps": a.reps,
             "padded_cpu_s": med["padded"], "causal_cpu_s": med["causal"],
-            "speedup": med["padded"] / max(med["causal"], 1e-12),
+            "speedup": causal["median"], "speedup_range": causal["range"], "rounds_cpu_s": cpu, "load_before": loads,
             "max_logp_diff": float((logp["padded"] - logp["causal"])[mask].abs().max()),
             "distinct_prompts": len({tuple(q) for q in batch.prompt_tokens()}),
             "shared_prompt_cpu_s": med["shared-prompt"],
-            "shared_prompt_speedup": med["padded"] / max(med["shared-prompt"], 1e-12),
+            "shared_prompt_speedup": shared["median"], "shared_prompt_speedup_range": shared["range"],
             "shared_prompt_max_logp_diff": float((logp["padded"] - logp["shared-prompt"])[mask].abs().max()),
             "command": " ".join(["python", "benchmarks/llm_attention.py", *sys.argv[1:]])}
 
@@ -85,12 +89,20 @@ def render(paths: list[str]) -> str:
         lines.append(f"| {r['task']} | {model} | {r['rows']}"
                      + (f" ({r['distinct_prompts']})" if shared else "")
                      + f" | {r['prompt_width']} + {r['response_width']} | {100 * r['pad_share']:.0f}% | "
-                     f"{r['padded_cpu_s']:.3f} | {r['causal_cpu_s']:.3f} ({r['speedup']:.2f}x) | "
-                     + (f"{r['shared_prompt_cpu_s']:.3f} ({r['shared_prompt_speedup']:.2f}x)" if shared
+                     f"{r['padded_cpu_s']:.3f} | {r['causal_cpu_s']:.3f} ({r['speedup']:.2f}x{star(r)}) | "
+                     + (f"{r['shared_prompt_cpu_s']:.3f} ({r['shared_prompt_speedup']:.2f}x{star(r)})" if shared
                         else "not measured")
                      + f" | {r['max_logp_diff']:.1e}"
                      + (f", {r['shared_prompt_max_logp_diff']:.1e}" if shared else "") + " |")
+    if any("x*)" in line for line in lines):
+        lines += ["", "* a ratio of the medians: the file was written before the ratios were taken per round, and its "
+                  "per-round times were not kept."]
     return "\n".join(lines)
+
+
+def star(r: dict) -> str:
+    """A mark on a speedup that is a ratio of medians (a file from before the per-round ratios)."""
+    return "" if "speedup_range" in r else "*"
 
 
 def main() -> None:

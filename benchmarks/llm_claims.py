@@ -34,17 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from reflectrl.eval.stats import claim_text, compare_samples, decide, probability_of_improvement_ci
+from reflectrl.experiments.llm_report import (  # the family of a task's runs, as `reflectrl llm compare` decides it
+    HIGHER,
+    LOWER,
+    TASK_HIGHER,
+    TASK_LOWER,
+    family_size,
+    heldout_family,
+)
 
-ACCURACY_MARGIN = 0.02
-"""Non-inferiority margin of held-out accuracy: 2 accuracy points (as ``reflectrl llm compare``)."""
-
-HIGHER = ("accuracy", "reflection_accuracy", "auroc", "selective_score")
-LOWER = ("ece", "brier", "underconfidence", "overconfidence")
-TASK_LOWER = ("step_ece", "premature_rate")
-"""Lower-is-better metrics that only some tasks' evaluations give (rag: the ECE of confidences stated along an
-episode, the share answered wrong after fewer searches than the question needs); a table row only where a run has one."""
-TASK_HIGHER = ("step_auroc",)
-"""Higher-is-better metrics of the same kind (rag: the AUROC of the confidences stated along an episode)."""
 UP = HIGHER + TASK_HIGHER
 NEUTRAL = ("tool_calls", "step_reports")
 """Behaviour with no better direction (searches or queries per episode, confidences stated per episode): means and
@@ -99,37 +97,87 @@ def self_knowledge_values(runs: dict[int, dict]) -> dict[str, dict[str, float]]:
     return {k: {s: v for s, v in d.items() if math.isfinite(v)} for k, d in out.items()}
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+VARIANTS = RESULTS / "variants.json"
+"""Every variant tried per question, and the split it was chosen on (see its "about")."""
+
+
+def question_of(name: str | None) -> tuple[str | None, list[str], bool]:
+    """The question a claims file answers (``variants.json``), the other held-out tables of that question, and
+    whether the file's variants were chosen on validation problems (then its family is its own runs')."""
+    if not name or not VARIANTS.is_file():
+        return None, [], False
+    for q, rec in json.loads(VARIANTS.read_text())["questions"].items():
+        mine = [v for v in rec["variants"] if v.get("claims") == name]
+        if mine:
+            if all(v["chosen_on"] == "validation" for v in mine):
+                return q, [], True
+            return q, sorted({v["claims"] for v in rec["variants"] if v.get("claims") not in (None, name)
+                              and v["claims"].startswith("llm_claims_")}), False
+    return None, [], False
+
+
+def _pairs_of(metrics: dict) -> dict[str, tuple]:
+    out = {}
+    for k, c in metrics.items():
+        if k not in NEUTRAL and c.get("n", 0) and "per_seed" in c:
+            d = np.array(list(c["per_seed"].values()), float)
+            out[k] = (d[:, 0], d[:, 1])
+    return out
+
+
+def sibling_pairs(result: dict, others: list[str]) -> dict[str, dict[str, tuple]]:
+    """The per-seed pairs of every other variant tried on the same held-out problems, from its own claims file
+    (``FILE: method``); a method of this result's own is the same runs, so it is not counted twice."""
+    out = {}
+    for other in others:
+        for m, rec in json.loads((RESULTS / other).read_text())["methods"].items():
+            if m not in result["methods"]:
+                out[f"{other}: {m}"] = _pairs_of(rec["metrics"])
+    return out
+
+
 SELF_REFERENCE = {"auroc": 0.5, "reflection_minus_best_constant": 0.0, "step_auroc": 0.5}
 
 
 def decide_result(result: dict, min_seeds: int) -> dict:
     """Every verdict of ``result`` from its per-seed values alone, by the one rule of ``reflectrl.eval.stats``: per
     method and metric, the paired comparison with the baseline (the same warmed-up model per seed: exact sign-flip
-    test, Student's t interval), Holm over the directed claims of the method table; "not lower" for accuracy with a
-    2-point margin. Self-knowledge: each run's value against its reference (0.5, or 0), Holm over that table.
-    Fewer than ``min_seeds`` pairs: "too few seeds (n)"."""
-    cells = []  # the method table's directed claims
-    for rec in result["methods"].values():
+    test, Student's t interval), one family for the task's runs
+    (:func:`reflectrl.experiments.llm_report.heldout_family`, the family ``reflectrl llm compare``'s report decides):
+    Holm over every directed claim of the method table and accuracy's non-inferiority (2-point margin, "not lower").
+    Self-knowledge: each run's value against its reference (0.5, or 0), a family of its own (claims about each
+    method alone, not against the baseline). Fewer than ``min_seeds`` pairs: "too few seeds (n)"."""
+    pairs: dict[str, dict[str, tuple]] = {}  # method -> directed metric -> (method's, baseline's) per-seed values
+    for m, rec in result["methods"].items():
         rec["verdicts"] = {}
+        pairs[m] = {}
         for k, c in rec["metrics"].items():
             for stale in ("paired_diff", "claim"):
                 c.pop(stale, None)
-            if c.get("n", 0) and "per_seed" in c:
-                pairs = np.array(list(c["per_seed"].values()), float)
-                c["claim"] = compare_samples(pairs[:, 0], pairs[:, 1], paired=True,
-                                             higher_is_better=k not in LOWER + TASK_LOWER,
-                                             margin=ACCURACY_MARGIN if k == "accuracy" else None)
+            has = bool(c.get("n", 0)) and "per_seed" in c
             if k in NEUTRAL:  # no better direction: the difference only
+                if has:
+                    d = np.array(list(c["per_seed"].values()), float)
+                    c["claim"] = compare_samples(d[:, 0], d[:, 1], paired=True)
                 continue
-            if "claim" in c:
-                rec["verdicts"][k] = ""  # decided below, with the rest of the table (keeps the metrics' order)
-                cells.append((rec["verdicts"], k, c))
+            if has:
+                d = np.array(list(c["per_seed"].values()), float)
+                pairs[m][k] = (d[:, 0], d[:, 1])
+                rec["verdicts"][k] = ""  # decided below, with the rest of the family (keeps the metrics' order)
             elif c.get("n", 0) == 0:
                 rec["verdicts"][k] = "too few seeds (0)"
             else:  # a table from before per-seed values were kept: nothing to decide on
                 rec["verdicts"][k] = f"inconclusive ({c['n']} seeds; per-seed values not kept)"
-    for (verdicts, k, c), decided in zip(cells, decide([c["claim"] for _, _, c in cells], min_n=min_seeds)):
-        c["claim"], verdicts[k] = decided, decided["verdict"]
+    question, others, chosen_on_validation = question_of(result.get("claims_file"))
+    # one family: every method's directed metrics, as report.md, with every variant tried on the same held-out problems
+    family = heldout_family({**pairs, **sibling_pairs(result, others)}, min_n=min_seeds)
+    result.update(question=question, family_with=others, chosen_on_validation=chosen_on_validation)
+    for m, by_metric in ((m, family[m]) for m in pairs):
+        for k, decided in by_metric.items():
+            result["methods"][m]["metrics"][k]["claim"] = decided
+            result["methods"][m]["verdicts"][k] = decided["verdict"]
+    result["family_hypotheses"] = family_size(family)
     checks = []  # the self-knowledge table: each run's value against its reference
     for per_method in result["self_knowledge"].values():
         for name, e in per_method.items():
@@ -282,6 +330,18 @@ def gather(out: Path, task: str, baseline: str, methods: list[str]) -> dict:
                                 for m, r in all_runs.items()}}
 
 
+def family_note(result: dict) -> str:
+    """Which variants of the same question share the family (variants.json), or that the variant was chosen on
+    validation problems."""
+    if result.get("chosen_on_validation"):
+        return (f", this table's runs alone: its variant was chosen on validation problems (question "
+                f"{result['question']} of variants.json)")
+    if result.get("family_with"):
+        return (", with every variant tried on the same held-out problems (question "
+                f"{result['question']} of variants.json: {', '.join(result['family_with'])})")
+    return ""
+
+
 def render(result: dict) -> str:
     """The markdown tables of a decided ``result`` (nothing read but the result)."""
     methods, baseline = list(result["methods"]), result["baseline"]
@@ -297,7 +357,10 @@ def render(result: dict) -> str:
         rows.append(f"| {k} | {'higher' if k in UP else 'lower'} | " + " | ".join(cells) + " |")
     rows[:0] = warmup_rows({int(s): w for s, w in result["warmups"].items()})
     rows.insert(0, f"Seeds paired with {baseline}: " + ", ".join(
-        f"{m} {len(result['methods'][m]['seeds'])}" for m in methods) + ".\n")
+        f"{m} {len(result['methods'][m]['seeds'])}" for m in methods) + ". Verdicts of the two method tables: Holm "
+        f"over the {result['family_hypotheses']} hypotheses of this task's family (every method's directed metrics "
+        "against the baseline and accuracy's non-inferiority, as `reflectrl llm compare` decides them; NI p: the "
+        "adjusted p of non-inferiority)" + family_note(result) + "; the self-knowledge table: Holm over its own checks.\n")
     names = ["auroc", "reflection_minus_best_constant"]
     head = ("| method | mean AUROC [95% t CI], Holm p (> 0.5?) | reflection acc. - best constant [95% t CI], Holm p "
             "(> 0?) |")
@@ -319,8 +382,9 @@ def render(result: dict) -> str:
     return "\n".join(rows + paired + sk + dynamics_rows(result))
 
 
-RULE = ("paired by seed: exact sign-flip test, Student's t 95% interval, Holm over the table at 0.05; accuracy "
-        "'not lower' with a 2-point margin (one-sided 95% bound); otherwise 'inconclusive (n seeds)'")
+RULE = ("paired by seed: exact sign-flip test, Student's t 95% interval; one family per task's runs: Holm at 0.05 over "
+        "every method's directed metrics and accuracy's one-sided t test of non-inferiority (2-point margin, 'not "
+        "lower'); otherwise 'inconclusive (n seeds)'; self-knowledge: a family of its own")
 
 
 def migrate(old: dict, md: Path | None) -> dict:
@@ -386,10 +450,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.rerender is not None:
         result = migrate(json.loads(a.rerender.read_text()), a.md_out)
+        result["claims_file"] = a.rerender.name
     else:
         if a.out is None or a.task is None or not a.methods:
             ap.error("--out, --task and --methods are needed (or --rerender)")
         result = gather(a.out, a.task, a.baseline, a.methods)
+        result["claims_file"] = a.json_out.name if a.json_out else None
     text = render(decide_result(result, a.min_seeds))
     print(text)
     if a.md_out:

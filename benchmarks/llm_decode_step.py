@@ -11,8 +11,9 @@ update's problems; then the same rollout (the same problems and generator state,
 ``reflectrl.llm.decode``) and with ``--engine-options lean_step=false`` (the model's forward at every step).
 Each rollout is timed by the process's CPU clock (all threads, so that other load on a shared machine does not skew
 the ratio), and its episodes are compared: the two ways must draw the same tokens. It reports the median CPU seconds
-per rollout each way, the sampling loop's share of them (the generate time less the prefill), the speedup and
-whether every rollout drew the same tokens. The last line of output is one JSON object.
+per rollout each way, the sampling loop's share of them (the generate time less the prefill), the speedup (the median
+and range of the per-round paired ratios, forward over lean in the same round), the machine's load averages before
+each round, and whether every rollout drew the same tokens. The last line of output is one JSON object.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultio import load_average, paired_ratios, results_file  # noqa: E402
 from resultio import main as run  # noqa: E402
-from resultio import results_file  # noqa: E402
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
@@ -60,7 +61,9 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         loop: dict[str, list[float]] = {"lean": [], "forward": []}
         episodes: dict[str, Any] = {}
         same = True
+        loads = []
         for rep in range(a.reps + 1):
+            loads.append(load_average())
             for arm in (("lean", "forward") if rep % 2 else ("forward", "lean")):
                 engine.lean_step = arm == "lean"
                 engine.sync(policy)  # nothing kept from the other way's rollout
@@ -80,7 +83,14 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "rows": batch.rows, "generated_tokens": tokens, "reps": a.reps, "clock": "process CPU time (threads=1)",
             "cpu_s_per_rollout": med, "rounds": cpu,
             "sampling_loop_s": {k: statistics.median(v) for k, v in loop.items()},
-            "speedup": med["forward"] / med["lean"], "same_tokens": same}
+            **speedup(cpu), "load_before": loads, "same_tokens": same}
+
+
+def speedup(cpu: dict[str, list[float]]) -> dict[str, Any]:
+    """The lean step's speedup: the median (and range) of the per-round paired ratios, the forward's CPU seconds over
+    the lean step's in the same round."""
+    r = paired_ratios(cpu["forward"], cpu["lean"])
+    return {"speedup": r["median"], "speedup_range": r["range"]}
 
 
 def render(names: list[str]) -> str:

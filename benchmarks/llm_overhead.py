@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -148,9 +149,10 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
     algos = sorted({METHODS[m][0] for m in a.methods} | {METHODS[m][1] for m in a.methods})
-    rows = []
+    rows, loads = [], []
     for r in range(a.rounds):
         order = algos[r % len(algos):] + algos[:r % len(algos)]
+        loads.append([round(x, 2) for x in os.getloadavg()])
         res = {}
         for algo in order:
             name, extra = RUNS[algo]
@@ -160,7 +162,7 @@ def main() -> None:
         rows.append(res)
     out: dict = {"benchmark": "llm_overhead", "task": a.task, "model": a.model, "updates": a.updates, "rounds": a.rounds,
                  "settings": " ".join([*flags, *(f"{k}={v}" for k, v in common.items())]),
-                 "clock": "process CPU seconds per token"}
+                 "clock": "process CPU seconds per token", "load_before": loads}
     for m in a.methods:
         label, base, bar = METHODS[m]
         ratios = [row[label]["cpu_per_token"] / row[base]["cpu_per_token"] for row in rows]

@@ -9,7 +9,9 @@ completion limit, temperature, learning rate, loss aggregation (per-sequence mea
 count. The default model is a fresh init-tiny model after a short supervised warm-up on arith (what
 RL starts from in ``llm_learn.py``; its completions are a few tokens); ``--sft-steps 0
 --max-new-tokens 32 --minibatches 1 --rows 128`` times the random-init model instead. Each round runs each
-trainer in a fresh process (reflectrl, then TRL), warms up ``--warmup`` steps and times ``--steps``
+trainer in a fresh process, in an order that alternates between rounds (reflectrl's arms first, then TRL; the next
+round the reverse), with the machine's 1-, 5- and 15-minute load averages recorded before it (``per_round``),
+warms up ``--warmup`` steps and times ``--steps``
 steps, each trainer in its own loop (reflectrl's ``learn()``, TRL's ``train()``); throughput is completion
 tokens generated per second of whole steps, timed by the process's
 CPU clock (``time.process_time``, all threads) so that other load on a shared machine does not
@@ -19,7 +21,10 @@ benchmark-only dependency (``pip install trl``). ``--engines`` also times the tw
 engines of reflectrl alone. ``--engine-logp`` adds a third trainer to every round: reflectrl with ``--old-logp
 engine`` (the sampler's log-probs as the old ones, no no-grad pass before the update); ``--shared-prompt`` one more:
 reflectrl with ``--old-logp engine --attention shared-prompt`` (each distinct prompt of a micro-batch run once in the
-update, forward and backward). The last line of output is one JSON object.
+update, forward and backward). The last line of output is one JSON object. Each speed ratio is the median (and
+range) of the per-round paired ratios, reflectrl's arm over TRL in the same round (``ratio``, ``ratio_rounds``,
+``ratio_range``; the ratio of the arms' medians stays as ``ratio_of_medians``); ``--recompute FILE`` writes them
+into a result file from its per-round tokens per second, without running anything.
 """
 
 from __future__ import annotations
@@ -203,6 +208,36 @@ def spawn(arm: str, a, tmp: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+RATIO_KEYS = (("reflectrl", "ratio"), ("reflectrl_engine_logp", "ratio_engine_logp"),
+              ("reflectrl_shared_prompt", "ratio_shared_prompt"))
+"""Each reflectrl arm and the key of its speed ratio over TRL."""
+
+
+def ratio_fields(rounds: dict[str, list[float]]) -> dict:
+    """The speed ratios of one result from its per-round tokens per second: per round, each reflectrl arm over TRL
+    in the same round (a paired ratio: both ran under that round's load), then their median and range; the ratio of
+    the arms' medians too, as ``*_of_medians``."""
+    out: dict = {}
+    for arm, key in RATIO_KEYS:
+        if arm not in rounds:
+            continue
+        ratios = [mine / theirs for mine, theirs in zip(rounds[arm], rounds["trl"])]
+        out.update({key: round(statistics.median(ratios), 3), f"{key}_rounds": [round(x, 3) for x in ratios],
+                    f"{key}_range": [round(min(ratios), 3), round(max(ratios), 3)],
+                    f"{key}_of_medians": round(statistics.median(rounds[arm]) / statistics.median(rounds["trl"]), 3)})
+    return out
+
+
+def recompute(path: Path) -> dict:
+    """A result file with its ratios as medians of per-round paired ratios (from its ``rounds``; nothing is rerun).
+    A file written before the arm order alternated says so in ``order``."""
+    result = json.loads(path.read_text())
+    result.update(ratio_fields(result["rounds"]))
+    if "per_round" not in result:
+        result["order"] = "the same in every round: reflectrl's arms first, TRL last (written before it alternated)"
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", choices=["reflectrl", "trl", "engines"], default=None, help=argparse.SUPPRESS)
@@ -233,7 +268,12 @@ def main() -> None:
     ap.add_argument("--attention", default="padded", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="write the result JSON here too")
     ap.add_argument("--json-out", default=None, help="and to this file (e.g. benchmarks/results/NAME.json)")
+    ap.add_argument("--recompute", type=Path, default=None, metavar="JSON",
+                    help="write the per-round paired ratios and their median into this result file; run nothing")
     a = ap.parse_args()
+    if a.recompute is not None:
+        a.recompute.write_text(json.dumps(recompute(a.recompute), indent=2) + "\n")
+        return
     if a.worker:
         fn = {"reflectrl": worker_reflectrl, "trl": worker_trl, "engines": worker_engines}[a.worker]
         print(json.dumps(fn(a)))
@@ -256,8 +296,11 @@ def main() -> None:
         runs: dict[str, list[float]] = {k: [] for k in arms}
         wall: dict[str, list[float]] = {k: [] for k in arms}
         gc_share: dict[str, list[float]] = {k: [] for k in arms}
+        per_round = []
         for r in range(a.rounds):
-            for kind in arms:
+            order = arms if r % 2 == 0 else arms[::-1]  # alternate, so no arm always runs first or last
+            per_round.append({"round": r + 1, "order": order, "load_before": [round(x, 2) for x in os.getloadavg()]})
+            for kind in order:
                 res = spawn(kind, a, tmp)
                 runs[kind].append(res["tokens"] / res["cpu_seconds"])
                 wall[kind].append(res["tokens"] / res["seconds"])
@@ -271,9 +314,8 @@ def main() -> None:
 
     ours, theirs = statistics.median(runs["reflectrl"]), statistics.median(runs["trl"])
     result = {"benchmark": "llm_throughput", "reflectrl_tokens_per_s": round(ours, 1),
-              "trl_tokens_per_s": round(theirs, 1),
-              "ratio": round(ours / theirs, 3), "clock": f"process CPU time (threads={a.threads})",
-              "rounds": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+              "trl_tokens_per_s": round(theirs, 1), "clock": f"process CPU time (threads={a.threads})",
+              "rounds": {k: [round(x, 1) for x in v] for k, v in runs.items()}, "per_round": per_round,
               "wall_tokens_per_s": {k: round(statistics.median(v), 1) for k, v in wall.items()},
               "gc_share": {k: [round(x, 4) for x in v] for k, v in gc_share.items()},
               "model": model_desc, "task": "arith", "group_size": a.group_size, "rows_per_step": a.rows,
@@ -282,12 +324,10 @@ def main() -> None:
               "temperature": a.temperature, "task_options": a.set, "trl_version": trl.__version__,
               "transformers_version": transformers.__version__, **engines}
     if a.engine_logp:
-        mine = statistics.median(runs["reflectrl_engine_logp"])
-        result.update({"reflectrl_engine_logp_tokens_per_s": round(mine, 1), "ratio_engine_logp": round(mine / theirs, 3)})
+        result["reflectrl_engine_logp_tokens_per_s"] = round(statistics.median(runs["reflectrl_engine_logp"]), 1)
     if a.shared_prompt:
-        mine = statistics.median(runs["reflectrl_shared_prompt"])
-        result.update({"reflectrl_shared_prompt_tokens_per_s": round(mine, 1),
-                       "ratio_shared_prompt": round(mine / theirs, 3)})
+        result["reflectrl_shared_prompt_tokens_per_s"] = round(statistics.median(runs["reflectrl_shared_prompt"]), 1)
+    result.update(ratio_fields(result["rounds"]))
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "result.json").write_text(json.dumps(result, indent=2))

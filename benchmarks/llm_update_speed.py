@@ -38,8 +38,9 @@ Per arm: process CPU seconds per update (``time.process_time``, all threads of t
 of the mean over the updates after ``--skip``), the phases' wall seconds per update from the run's ``time/*`` fields,
 and whether the first update's episodes and rewards are the same as the before arm's (they must be: the arms differ
 in how the tokens are computed, not in which are drawn); the largest difference of its loss metrics from the before
-arm's (the log-probs differ within float rounding, so later updates may drift apart). The last line of output is one
-JSON object.
+arm's (the log-probs differ within float rounding, so later updates may drift apart). Each arm's speedup over before
+is the median (and range) of the per-round paired ratios; the arms' order rotates every round, and the machine's load
+averages before each round are kept (``per_round``). The last line of output is one JSON object.
 """
 
 from __future__ import annotations
@@ -148,8 +149,12 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     arms = {k: v for k, v in ARMS.items() if k == "before" or not a.arms or k in a.arms}
     per: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
     ref = reference(a.task, model, Path(a.out) / a.task / "runs" / "reference", a.updates) if a.paired else None
+    per_round = []
     for rnd in range(a.rounds):
-        for arm, flags in arms.items():
+        order = list(arms)[rnd % len(arms):] + list(arms)[:rnd % len(arms)]  # rotated: no arm always first or last
+        per_round.append({"round": rnd + 1, "order": order, "load_before": resultio.load_average()})
+        for arm in order:
+            flags = arms[arm]
             res = one_arm(a.task, model, Path(a.out) / a.task / "runs" / f"{arm.replace(' ', '_')}_{rnd}", flags,
                           a.updates, a.skip, ref)
             per[arm].append(res)
@@ -169,11 +174,19 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "first_loss_max_diff": max((abs(float(first[k]) - float(before["first_record"][k])) for k in losses),
                                        default=0.0),
             **({"every_update_same": all(x["every_update_same"] for x in runs)} if a.paired else {})}
-    b = arms["before"]["cpu_s_per_update"]
-    for v in arms.values():
-        v["speedup"] = b / v["cpu_s_per_update"]
-    return {"benchmark": "llm_update_speed", "task": a.task, "updates": a.updates, "skip": a.skip,
-            "rounds": a.rounds, "paired": a.paired, "clock": "process CPU time (threads=1)", "arms": arms}
+    return speedups({"benchmark": "llm_update_speed", "task": a.task, "updates": a.updates, "skip": a.skip,
+                     "rounds": a.rounds, "paired": a.paired, "clock": "process CPU time (threads=1)", "arms": arms,
+                     "per_round": per_round})
+
+
+def speedups(result: dict[str, Any]) -> dict[str, Any]:
+    """Each arm's speedup over before: the median (and range) of the per-round paired ratios, before's CPU seconds
+    per update over the arm's in the same round."""
+    before = result["arms"]["before"]["rounds"]
+    for v in result["arms"].values():
+        r = resultio.paired_ratios(before, v["rounds"])
+        v["speedup"], v["speedup_range"] = r["median"], r["range"]
+    return result
 
 
 def render(names: list[str]) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -66,15 +67,16 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
     args = ap.parse_args()
     algos = ("ppo", *METHODS, *VARIANTS)
-    rows = []
+    rows, loads = [], []
     for r in range(args.rounds):
         order = algos[r % len(algos):] + algos[:r % len(algos)]
+        loads.append([round(x, 2) for x in os.getloadavg()])
         res = {a: run(a, args.total_timesteps, r + 1, args.env_id) for a in order}
         rows.append(res)
         print(f"round {r + 1}: " + ", ".join(f"{a} {res[a]['wall_s']:.1f}s" for a in algos), file=sys.stderr)
     out: dict = {"env_id": args.env_id, "total_timesteps": args.total_timesteps, "rounds": args.rounds,
                  "settings": "8 envs x 128 steps, 4 epochs, 4 minibatches, 64x64 tanh, 1 torch thread, method defaults",
-                 "ppo_wall_s_median": statistics.median(row["ppo"]["wall_s"] for row in rows)}
+                 "ppo_wall_s_median": statistics.median(row["ppo"]["wall_s"] for row in rows), "load_before": loads}
     for m in (*METHODS, *VARIANTS):
         wall = [row[m]["wall_s"] / row["ppo"]["wall_s"] for row in rows]
         cpu = [row[m]["cpu_s"] / row["ppo"]["cpu_s"] for row in rows]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -47,10 +48,16 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for r in range(args.rounds):
-        c = cleanrl_ppo.run(total_timesteps=args.total_timesteps, seed=r + 1, env_id=args.env_id)
+        load = [round(x, 2) for x in os.getloadavg()]
+        order = ("cleanrl", "reflectrl") if r % 2 == 0 else ("reflectrl", "cleanrl")  # alternate between rounds
+        res = {}
+        for who in order:
+            res[who] = (cleanrl_ppo.run(total_timesteps=args.total_timesteps, seed=r + 1, env_id=args.env_id)
+                        if who == "cleanrl" else run_reflectrl(args.total_timesteps, r + 1, args.env_id))
+        c, m = res["cleanrl"], res["reflectrl"]
         c.pop("episodic_returns", None)
-        m = run_reflectrl(args.total_timesteps, r + 1, args.env_id)
-        rows.append({"round": r + 1, "cleanrl": c, "reflectrl": m, "ratio": m["sps"] / c["sps"]})
+        rows.append({"round": r + 1, "order": list(order), "load_before": load, "cleanrl": c, "reflectrl": m,
+                     "ratio": m["sps"] / c["sps"]})
         print(f"round {r + 1}: cleanrl {c['sps']:.0f} steps/s, reflectrl {m['sps']:.0f} steps/s, "
               f"ratio {rows[-1]['ratio']:.2f}", file=sys.stderr)
     def med(who: str, key: str) -> float:
@@ -58,7 +65,9 @@ def main() -> None:
     result = {"env_id": args.env_id, "total_timesteps": args.total_timesteps, "rounds": args.rounds,
               "settings": "8 envs x 128 steps, 4 epochs, 4 minibatches, 64x64 tanh, 1 torch thread",
               "ratio_median": statistics.median(r["ratio"] for r in rows),
-              "ratios": [round(r["ratio"], 3) for r in rows]}
+              "ratios": [round(r["ratio"], 3) for r in rows], "ratio_range": [min(r["ratio"] for r in rows),
+                                                                            max(r["ratio"] for r in rows)],
+              "per_round": [{k: row[k] for k in ("round", "order", "load_before")} for row in rows]}
     for who in ("cleanrl", "reflectrl"):
         result[f"{who}_sps_median"] = med(who, "sps")
         for k in ("time/env", "time/inference", "time/update", "time/total"):

@@ -13,7 +13,8 @@ evaluated greedily on the split's first ``--limit`` problems with the inline rep
 the answer's own message, ``--self-report inline``): accuracy, the confidence's AUROC (DeLong interval over
 problems) and ECE (bootstrap interval over problems), and selective accuracy. A variant is chosen on validation
 problems; held-out problems are evaluated once, for the chosen variant and GRPO. Across seeds each arm is compared
-with GRPO by the one rule (``reflectrl.eval.stats``: paired by seed, Holm over the table). Results accumulate in
+with GRPO by the one rule (``reflectrl.eval.stats``: paired by seed, Holm over the setting's one family: every arm's
+accuracy, AUROC and ECE, and accuracy's non-inferiority). Results accumulate in
 ``benchmarks/results/real_equal.json``, keyed by start, updates, arm, seed and split.
 """
 
@@ -216,7 +217,9 @@ def render(files: list[str]) -> str:
                            f"{_f(mean('mean_confidence'))} | {_f(1 - (mean('confidence_missing_rate') or 0), 2)} | "
                            f"{_f(mean('selective_accuracy@0.5'))} / {_f(mean('selective_accuracy@0.8'))} | {cpu} |")
             if split == "heldout":
-                out += ["", reliability(rows, arms)]
+                out += ["", reliability(rows, arms), "", "Held-out problems, evaluated once, for the variant chosen on "
+                        "validation problems and GRPO (every variant tried and its split: benchmarks/results/variants.json"
+                        "); the verdicts below are this setting's family alone."]
             elif len(arms) > 1:
                 pick = chosen(rows)
                 out += ["", f"Chosen by the rule stated before the held-out run (the highest mean AUROC among the "
@@ -227,7 +230,7 @@ def render(files: list[str]) -> str:
                 for arm, c in claims.items():
                     margin = f" (margin {c['margin']:g})" if c.get("margin") else ""
                     out.append(f"- {arm} against grpo, {metric}{margin}: "
-                               f"{claim_text(c, lower_is_better=metric == 'ece')}")
+                               f"{claim_text(c, lower_is_better=metric == 'ece') if 'p_holm' in c else c['verdict']}")
             out.append("")
     return "\n".join(out).rstrip()
 
@@ -285,21 +288,18 @@ def chosen(rows: list[dict[str, Any]]) -> str | None:
 
 
 def setting_claims(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict]]:
-    """Every arm of one setting (start, updates, split) against GRPO by the one rule, paired by seed: accuracy
-    (with the start's non-inferiority margin), AUROC and ECE."""
-    from reflectrl.eval.stats import against_baseline
+    """Every arm of one setting (start, updates, split) against GRPO by the one rule, paired by seed, as one family
+    (the setting's set of runs): accuracy (with the start's non-inferiority margin), AUROC and ECE, Holm over all."""
+    from reflectrl.eval.stats import family_against_baseline
 
     rows = [r for r in rows if r["arm"] != "start"]
     arms = sorted({r["arm"] for r in rows}, key=lambda x: (x != "grpo", x))
-    start = start_kind(rows)
-    out = {}
-    for metric, higher in (("accuracy", True), ("auroc", True), ("ece", False)):
-        values = {arm: {r["seed"]: (r.get(metric) if r.get(metric) is not None else float("nan"))
-                        for r in rows if r["arm"] == arm} for arm in arms}
-        margin = ACCURACY_MARGIN[start] if metric == "accuracy" else None
-        out[metric] = {arm: {**c, "margin": margin} for arm, c in
-                       against_baseline(values, "grpo", margin=margin, higher_is_better=higher).items()}
-    return out
+    margin = ACCURACY_MARGIN[start_kind(rows)]
+    values = {metric: {arm: {r["seed"]: (r.get(metric) if r.get(metric) is not None else float("nan"))
+                             for r in rows if r["arm"] == arm} for arm in arms} for metric in ("accuracy", "auroc", "ece")}
+    decided = family_against_baseline(values, "grpo", {"accuracy": margin}, lower_is_better=("ece",))
+    return {metric: {arm: {**c, "margin": margin if metric == "accuracy" else None} for arm, c in by.items()}
+            for metric, by in decided.items()}
 
 
 def main() -> None:

@@ -139,18 +139,37 @@ def throughput_table(name: str = "llm_throughput.json") -> str:
            f"{r['reflectrl_shared_prompt_tokens_per_s']:.0f} | {rounds('reflectrl_shared_prompt')} |"
            f"{share('reflectrl_shared_prompt')}"] if "ratio_shared_prompt" in r else []),
         f"| TRL {r['trl_version']} `GRPOTrainer` | {r['trl_tokens_per_s']:.0f} | {rounds('trl')} |{share('trl')}",
-        "", f"Ratio: **{r['ratio']:.2f}x**"
-            + (f", with `--old-logp engine` **{r['ratio_engine_logp']:.2f}x**" if "ratio_engine_logp" in r else "")
-            + (f", with `--attention shared-prompt` too **{r['ratio_shared_prompt']:.2f}x**"
-               if "ratio_shared_prompt" in r else "")
-            + f" ({r['clock']}; wall clock: "
-            f"{r['wall_tokens_per_s']['reflectrl'] / r['wall_tokens_per_s']['trl']:.2f}x). Setting: {r['model']}, "
+        "", ratio_line(r) + f" ({r['clock']}; {order_text(r)}). Setting: {r['model']}, "
             f"task {r['task']}, {r['rows_per_step']} rows per step (groups of {r['group_size']}), "
             f"{r['minibatches']} optimizer steps per rollout, at most {r['max_new_tokens']} new tokens, "
             f"{r['timed_steps']} timed steps per round, transformers {r['transformers_version']}"
             + (f", LoRA rank {r['lora_r']}" if r.get("lora_r") else "")
             + (f", temperature {r['temperature']}" if "temperature" in r else "")
             + (f", task options {' '.join(r['task_options'])}" if r.get("task_options") else "") + "."])
+
+
+def ratio_line(r: dict) -> str:
+    """Each arm's speed ratio over TRL: the median of the per-round paired ratios, with their range."""
+    parts = []
+    for key, label in (("ratio", "reflectrl"), ("ratio_engine_logp", "with `--old-logp engine`"),
+                       ("ratio_shared_prompt", "with `--attention shared-prompt` too")):
+        if key in r:
+            rounds = r.get(f"{key}_rounds") or [r[key]]
+            lo, hi = r.get(f"{key}_range") or (r[key], r[key])
+            parts.append(f"{label} **{r[key]:.2f}x** (rounds {lo:.2f}-{hi:.2f})" if len(rounds) > 1 else
+                         f"{label} **{r[key]:.2f}x** (one round)")
+    n = len(r.get("ratio_rounds") or [1])
+    return f"Ratio over TRL, the median of the {n} per-round paired ratios: " + "; ".join(parts)
+
+
+def order_text(r: dict) -> str:
+    """How the arms were ordered in the rounds, and the machine's load where it was recorded."""
+    rounds = r.get("per_round")
+    if not rounds:
+        return r.get("order", "arm order not recorded")
+    loads = [x["load_before"][0] for x in rounds]
+    return (f"arm order alternating between rounds; 1-minute load average {min(loads):.1f}-{max(loads):.1f} "
+            "before the rounds")
 
 
 def throughput_ab_table(name: str = "llm_throughput_ab_heap.json") -> str:

@@ -80,31 +80,112 @@ def effect_cell(claim: dict | None, lower_is_better: bool = False, digits: int =
     return f"{eff:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] | **{claim['verdict']}**"
 
 
+ALPHA = 0.05
+CONTROL_SEEDS = 10
+"""Seeds the issue asks of a control comparison (its runs cost minutes each)."""
+DECISIVE = ("better", "worse", "not lower", "not higher")
+
+
+def seeds_to_decide(family: int, n: int) -> int:
+    """The fewest paired seeds at which Holm's first step can bring the exact sign-flip test's smallest p, 2 / 2^n,
+    below 0.05 in a family of ``family`` hypotheses (the family's size held)."""
+    need = n
+    while family * 2 / 2 ** need >= ALPHA:
+        need += 1
+    return need
+
+
+def decidable(family: int, n: int) -> bool:
+    """Whether a row's paired claims can read "better" or "worse" at all, whatever the data."""
+    return family * 2 / 2 ** n < ALPHA
+
+
 def claims_table(prefix: str) -> list[str]:
-    """One row per method and task or env, each linking to its BENCHMARKS.md section (``prefix`` + anchor)."""
+    """One row per method and task or env, each linking to its BENCHMARKS.md section (``prefix`` + anchor); a row
+    that can decide nothing by construction (:func:`decidable`) and holds no decisive verdict goes under the table
+    instead, as "not decidable at n seeds", with what deciding it would take."""
     rows = ["| method | task or env | model | against | seeds | accuracy or final return: method - baseline [95% CI] | "
             "verdict | ECE, AUROC (real model) or early AUC: method - baseline [95% CI] | verdict |",
             "|---|---|---|---|---|---|---|---|---|"]
+    under: list[str] = []
+    for row, n, family, verdicts, cost in all_rows(prefix):
+        if decidable(family, n) or any(v in DECISIVE for v in verdicts):
+            rows.append(row)
+            continue
+        c = [x.strip() for x in row.strip().strip("|").split("|")]
+        under.append(f"- {c[0]}, {c[1]} ({c[2]}) against {c[3]}: {c[5]} and {c[7]}, not decidable at {n} seeds (the "
+                     f"smallest exact p, 2/{2 ** n}, times the {family} hypotheses of its family is "
+                     f"{family * 2 / 2 ** n:.2g}); {cost}.")
+    if under:
+        rows += ["", f"Not decidable at their seed counts, whatever the data ({len(under)} rows: Holm's first step on "
+                 "the exact test's smallest p cannot fall below 0.05), each with what deciding it would take:", "",
+                 *under]
+    return rows
+
+
+def _cost(need: int, n: int, per_run: dict[str, float] | None, kind: str = "wall") -> str:
+    """What deciding a row would take: the seeds, the runs, and where the runs' times are recorded, the hours."""
+    more = need - n
+    runs = f"{more} more run{'s' if more != 1 else ''} of each side"
+    if not per_run:
+        return f"deciding needs {need} paired seeds, {runs} (the runs' times are not kept in its results file)"
+    hours = more * sum(per_run.values()) / 3600
+    each = ", ".join(f"{k} {v:.0f} s" for k, v in per_run.items())
+    if kind == "wall":
+        return (f"deciding needs {need} paired seeds: {runs}, about {hours:.1f} hours of one-core runs (the recorded "
+                f"wall time per run: {each})")
+    return (f"deciding needs {need} paired seeds: {runs}, about {hours:.1f} CPU-hours (the recorded CPU seconds per "
+            f"update times the updates, median per run: {each})")
+
+
+def all_rows(prefix: str) -> list[tuple[str, int, int, list[str], str]]:
+    """Every row of the summary: its text, seeds, family size, verdicts and the cost of deciding it."""
+    out = []
     for name, method, sec in HEADLINE:
         res = load(name)
         if not res or method not in res["methods"]:
             continue
         mets = res["methods"][method]["metrics"]
         link = f"[{method}]({prefix}{anchor(SECTIONS[sec])})"
-        rows.append(f"| {link} | {res['task']} | {TINY} | {res['baseline']} | {len(res['methods'][method]['seeds'])} | "
-                    f"{effect_cell(mets['accuracy'].get('claim'))} | "
-                    f"{effect_cell(mets.get('ece', {}).get('claim'), lower_is_better=True)} |")
-    rows += real_rows(prefix)
+        n = len(res["methods"][method]["seeds"])
+        family = int(res.get("family_hypotheses", 1))
+        claims = [mets["accuracy"].get("claim"), mets.get("ece", {}).get("claim")]
+        out.append((f"| {link} | {res['task']} | {TINY} | {res['baseline']} | {n} | {effect_cell(claims[0])} | "
+                    f"{effect_cell(claims[1], lower_is_better=True)} |", n, family,
+                    [c["verdict"] for c in claims if c], _cost(seeds_to_decide(family, n), n, None)))
+    out += real_rows(prefix)
     seed = load("seed_claims.json")
     for env, e in (seed or {}).get("envs", {}).items():
+        family = sum(1 + ("p_ni_holm" in r[k]) for r in e["methods"].values() for k in ("final_claim", "early_claim")
+                     if "p_holm" in r[k])
+        walls = control_walls(env)
         for m, rec in e["methods"].items():
             link = f"[{m}]({prefix}{anchor(SECTIONS['seed'])})"
-            rows.append(f"| {link} | {env} | {CONTROL} | ppo | {rec['seeds']} | {effect_cell(rec['final_claim'], digits=1)} | "
-                        f"{effect_cell(rec['early_claim'], digits=1)} |")
-    return rows
+            n = rec["seeds"]
+            need = max(CONTROL_SEEDS, seeds_to_decide(family, n))
+            per_run = {k: walls[k] for k in (m, "ppo")} if {m, "ppo"} <= set(walls) else None
+            out.append((f"| {link} | {env} | {CONTROL} | ppo | {n} | {effect_cell(rec['final_claim'], digits=1)} | "
+                        f"{effect_cell(rec['early_claim'], digits=1)} |", n, family,
+                        [rec["final_verdict"], rec["early_verdict"]], _cost(need, n, per_run)))
+    return out
 
 
-def real_rows(prefix: str) -> list[str]:
+CONTROL_REPORTS = {"LunarLander-v3": "compare_lander_now.md", "HalfCheetah-v5": "compare_cheetah1m.md",
+                   "MountainCar-v0": "compare_mountaincar1m.md"}
+"""The compare report of each env's runs in seed_claims.json (the folders its command read)."""
+
+
+def control_walls(env: str) -> dict[str, float]:
+    """Each method's mean wall seconds per run (its processes) in the env's compare report."""
+    out = {}
+    for m in ("ppo", "refgrpo-seed", "gear-seed", "exgrpo-seed"):
+        cells = report_row(CONTROL_REPORTS[env], m) if env in CONTROL_REPORTS else None
+        if cells:
+            out[m] = float(cells[-1].split()[0].rstrip("+"))
+    return out
+
+
+def real_rows(prefix: str) -> list[tuple[str, int, int, list[str], str]]:
     """The real model's rows: each self-report arm against GRPO at equal updates on held-out problems
     (``real_equal.json``), accuracy and the stated confidence's AUROC."""
     from real_equal import setting_claims, setting_rows, settings_of
@@ -118,12 +199,18 @@ def real_rows(prefix: str) -> list[str]:
             continue
         rows, _ = setting_rows(runs, setting)
         claims = setting_claims(rows)
+        family = sum(1 + ("p_ni_holm" in c) for by in claims.values() for c in by.values() if "p_holm" in c)
         where = f"sums, {'base' if start == 'base' else 'late'} start, {updates} updates"
         for arm, acc in claims["accuracy"].items():
             seeds = len({r["seed"] for r in rows if r["arm"] == arm})
             link = f"[{arm}]({prefix}{anchor(SECTIONS['real'])})"
-            out.append(f"| {link} | {where} | {REAL} | grpo | {seeds} | {effect_cell(acc)} | "
-                       f"{effect_cell(claims['auroc'].get(arm))} |")
+            per_run = {a: statistics.median(r["cpu_s_per_update"] * updates for r in rows
+                                            if r["arm"] == a and r.get("cpu_s_per_update"))
+                       for a in (arm, "grpo") if any(r["arm"] == a and r.get("cpu_s_per_update") for r in rows)}
+            out.append((f"| {link} | {where} | {REAL} | grpo | {seeds} | {effect_cell(acc)} | "
+                        f"{effect_cell(claims['auroc'].get(arm))} |", seeds, family,
+                        [c["verdict"] for c in (acc, claims["auroc"].get(arm)) if c],
+                        _cost(seeds_to_decide(family, seeds), seeds, per_run if len(per_run) == 2 else None, "cpu")))
     return out
 
 

@@ -4,6 +4,8 @@ written to ``--json-out`` and printed as the last line of output."""
 from __future__ import annotations
 
 import json
+import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,18 @@ def emit(result: dict[str, Any], json_out: str | None) -> None:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
+
+
+def paired_ratios(num: list[float], den: list[float]) -> dict[str, Any]:
+    """A speed ratio as the speed benchmarks report it: per round, ``num`` over ``den`` measured in the same round (a
+    paired ratio: both arms ran under that round's load), then the median and range of those ratios."""
+    ratios = [a / b for a, b in zip(num, den)]
+    return {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)], "rounds": ratios}
+
+
+def load_average() -> list[float]:
+    """The machine's 1-, 5- and 15-minute load averages now (recorded before each round of a speed benchmark)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def main(ap: Any, measure: Any, render: Any, needs: str | None = None) -> None:

@@ -7,13 +7,14 @@ Each folder is a ``reflectrl compare --out`` folder (or any folder of run direct
 ``eval.json``); ``--dense`` folders hold dense-reward envs, ``--sparse`` sparse-reward ones. Per env
 and method the script compares against ``ppo`` (same env, same seeds) and prints markdown tables. Every
 verdict comes from the one rule of ``reflectrl.eval.stats`` (docs/compare.md, "How verdicts are decided"),
-Holm over the claims of each table:
+one family per env (the env's set of runs, as its compare report decides them:
+``reflectrl.experiments.report.control_family``), Holm over every hypothesis of the family:
 
 - **final >= PPO**: the final (evaluation) return, paired by env seed (exact sign-flip test, Student's t 95%
-  interval): "better"/"worse" at Holm p < 0.05, "not lower" when the one-sided 95% lower bound of the
-  difference lies above minus 5% of PPO's mean return, otherwise "inconclusive (n seeds)".
+  interval): "better"/"worse" at Holm p < 0.05, else "not lower" when the one-sided t test of non-inferiority
+  within 5% of PPO's mean return, adjusted in the same Holm step, is below 0.05, otherwise "inconclusive (n seeds)".
 - **faster early learning**: the early-learning AUC (episodic return averaged over the first
-  ``--early-fraction`` of steps, as in report.md), paired the same way; "better" means faster.
+  ``--early-fraction`` of steps, as in report.md), paired the same way, in the same family; "better" means faster.
 - **L_cal falls** (refgrpo-seed): per seed, mean held-out L_cal over the last 20% of updates divided by its
   mean over the first 20%, against 1 ("better": it falls); the relative std over the last 20% says whether it
   settles.
@@ -41,7 +42,7 @@ from reflectrl.eval.stats import (
     iqm,
     probability_of_improvement_ci,
 )
-from reflectrl.experiments.report import run_auc
+from reflectrl.experiments.report import control_family, run_auc
 from reflectrl.experiments.rundata import discover_runs, group_runs, load_run
 
 BASE = "ppo"
@@ -113,13 +114,15 @@ def relative_gains(rec: dict) -> list[float]:
 
 
 def decide_claims(out: dict, min_seeds: int) -> dict:
-    """Every verdict from the per-seed values, by the one rule of ``reflectrl.eval.stats``, one family per table:
-    "final >= PPO" (paired by env seed, "not lower" within 5% of PPO's return), "faster early learning" (the
-    early AUC, paired), "L_cal falls" (each seed's last/first ratio against 1) and "larger gains on sparse rewards"
-    (relative gains over PPO on the sparse envs' seeds against the dense envs', unpaired)."""
-    fam: dict[str, list] = {"final": [], "early": [], "l_cal": []}  # per table: (holder, claim key, verdict key)
+    """Every verdict from the per-seed values, by the one rule of ``reflectrl.eval.stats``: per env one family
+    (:func:`reflectrl.experiments.report.control_family`, as the env's compare report) of "final >= PPO" (paired by
+    env seed, "not lower" within 5% of PPO's return) and "faster early learning" (the early AUC, paired); then
+    "L_cal falls" (each seed's last/first ratio against 1) and "larger gains on sparse rewards" (relative gains over
+    PPO on the sparse envs' seeds against the dense envs', unpaired), a family each."""
+    lcal: list = []  # the L_cal table's claims, each against 1
     for e in out["envs"].values():
-        for rec in e["methods"].values():
+        finals, aucs = {BASE: {}}, {BASE: {}}
+        for m, rec in e["methods"].items():
             f, bf, paired = by_seed(rec["finals"], rec["ppo_finals"])
             au, ba, paired_auc = by_seed(rec["aucs"], rec["ppo_aucs"])
             rec.update(seeds=len(rec["finals"]), final_iqm=iqm(f), ppo_final_iqm=iqm(bf),
@@ -127,18 +130,20 @@ def decide_claims(out: dict, min_seeds: int) -> dict:
                        early_auc_iqm=iqm(au) if len(au) else float("nan"), ppo_early_auc_iqm=iqm(ba) if len(ba) else
                        float("nan"), p_early=list(probability_of_improvement_ci(au, ba)) if len(au) and len(ba)
                        else [float("nan")] * 3)
-            margin = MARGIN_SHARE * abs(float(np.mean(bf)))
-            rec["final_claim"] = compare_samples(f, bf, paired, margin=margin)
-            fam["final"].append((rec, "final_claim", "final_verdict"))
-            rec["early_claim"] = compare_samples(au, ba, paired_auc)
-            fam["early"].append((rec, "early_claim", "early_verdict"))
+            finals[m], aucs[m] = rec["finals"], rec["aucs"]
+            finals[BASE].update(rec["ppo_finals"])
+            aucs[BASE].update(rec["ppo_aucs"])
             if rec.get("l_cal"):
                 r = np.array(rec["l_cal"]["ratios"], float)
                 rec["l_cal"]["claim"] = compare_samples(r, np.ones_like(r), paired=True, higher_is_better=False)
-                fam["l_cal"].append((rec["l_cal"], "claim", "verdict"))
-    for members in fam.values():
-        for (holder, ck, vk), c in zip(members, decide([h[ck] for h, ck, _ in members], min_n=min_seeds)):
-            holder[ck], holder[vk] = c, c["verdict"]
+                lcal.append(rec["l_cal"])
+        family = control_family(finals, aucs, BASE, min_n=min_seeds)  # one family per env: the env's set of runs
+        for m, rec in e["methods"].items():
+            for key in ("final", "early"):
+                c = family[key].get(m) or {"n": 0, "verdict": "too few seeds (0)"}
+                rec[f"{key}_claim"], rec[f"{key}_verdict"] = c, c["verdict"]
+    for holder, c in zip(lcal, decide([h["claim"] for h in lcal], min_n=min_seeds)):
+        holder["claim"], holder["verdict"] = c, c["verdict"]
     methods = sorted({m for e in out["envs"].values() for m in e["methods"]})
     sparse, svd = [], {}
     for m in methods:
@@ -151,9 +156,10 @@ def decide_claims(out: dict, min_seeds: int) -> dict:
     for m, c in zip(sparse, decide([svd[m]["claim"] for m in sparse], min_n=min_seeds)):
         svd[m]["claim"], svd[m]["verdict"] = c, c["verdict"]
     out["sparse_vs_dense"] = svd
-    out["rule"] = ("one family per table, Holm at 0.05; final: paired by env seed, exact sign-flip test, 'not lower' "
-                   "within 5% of PPO's mean return (one-sided 95% t bound); early AUC: paired; L_cal: last/first "
-                   "ratio per seed against 1; sparse vs dense: relative gains, exact permutation test")
+    out["rule"] = ("one family per env (its set of runs), Holm at 0.05 over every method's final return and early AUC "
+                   "against PPO, paired by env seed (exact sign-flip test), and final return's one-sided t test of "
+                   "non-inferiority within 5% of PPO's mean return ('not lower'); L_cal: last/first ratio per seed "
+                   "against 1, one family; sparse vs dense: relative gains, exact permutation test, one family")
     return out
 
 

@@ -68,8 +68,10 @@ def train(model: str, flags: list[str], updates: int, seed: int, run_dir: Path) 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
     chosen = {n: PAIRS[n] for n in (a.pairs or PAIRS)}
     pairs: dict[str, dict[str, list[dict[str, float]]]] = {n: {"plain": [], "new": []} for n in chosen}
+    loads: list[list[float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
+            loads.append(resultio.load_average())
             for name, (plain, new) in chosen.items():
                 order = [("plain", plain), ("new", new)] if r % 2 == 0 else [("new", new), ("plain", plain)]
                 for side, flags in order:
@@ -79,11 +81,11 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     out = {}
     for name, sides in pairs.items():
         ratios = [n["cpu_per_token_us"] / p["cpu_per_token_us"] for n, p in zip(sides["new"], sides["plain"])]
-        out[name] = {"ratio": statistics.median(ratios), "ratios": ratios,
+        out[name] = {"ratio": statistics.median(ratios), "ratios": ratios, "ratio_range": [min(ratios), max(ratios)],
                      "method_share_plain": statistics.median(x["method_share"] for x in sides["plain"]),
                      "method_share_new": statistics.median(x["method_share"] for x in sides["new"]), **sides}
     return {"benchmark": "selfreport_cost", "model": a.model, "updates": a.updates, "rounds": a.rounds,
-            "seed": a.seed, "pairs": out}
+            "seed": a.seed, "pairs": out, "load_before": loads}
 
 
 def render(names: list[str]) -> str:

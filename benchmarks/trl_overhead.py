@@ -6,8 +6,9 @@ Each round runs TRL's ``GRPOTrainer`` twice, in fresh processes and alternating 
 that returns zeros (what any TRL step costs), and with ``reflectrl.integrations.trl.rlcr_reward`` (arith's verifier and
 the confidence parser) recording into a ``RewardLog`` that a ``CalibrationCallback`` reads at every step. The same
 tiny model (a fresh init-tiny, 2 layers, width 64), prompts, seeds and shapes on both sides; the first ``--warmup``
-steps are not timed. The result is the median over rounds of the time per step, wall and process CPU, and their
-ratio, and, measured inside the same run, the share of a step's wall time spent in reflectrl's reward and callback
+steps are not timed. The result is the median over rounds of the time per step, wall and process CPU, their ratio
+as the median (and range) of the per-round paired ratios, the machine's load averages before each round, and,
+measured inside the same run, the share of a step's wall time spent in reflectrl's reward and callback
 (the A/B ratio of whole steps is at the mercy of other load on a shared machine; the share is not). The bar is 5%.
 """
 
@@ -84,6 +85,16 @@ def worker(a: argparse.Namespace) -> dict:
             "inside_share": inside[0] / total if total else 0.0}
 
 
+def ratios(runs: dict[str, list[dict]]) -> dict:
+    """reflectrl's time per step over the plain reward's, wall and CPU: the median (and range) of the per-round paired
+    ratios (both arms of a round ran under its load)."""
+    out: dict = {}
+    for clock, key in (("wall", "wall_per_step"), ("cpu", "cpu_per_step")):
+        per = [x[key] / y[key] for x, y in zip(runs["reflectrl"], runs["plain"])]
+        out.update({f"ratio_{clock}": statistics.median(per), f"ratio_{clock}_range": [min(per), max(per)]})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", choices=["plain", "reflectrl"], default=None, help=argparse.SUPPRESS)
@@ -105,7 +116,9 @@ def main() -> None:
                   f"{r[k]['wall_per_step']:.3f} | {r[k]['cpu_per_step']:.3f} |")
         print(f"\nTime inside reflectrl's reward and callback, measured around their calls: **{100 * r['inside_share']:.2f}%** "
               f"of a step's wall time. Whole steps, with against without: {r['ratio_wall']:.3f}x wall, "
-              f"{r['ratio_cpu']:.3f}x CPU (medians of {r['rounds']} rounds of {r['steps']} timed steps, {r['rows']} "
+              f"{r['ratio_cpu']:.3f}x CPU (medians of the per-round paired ratios, rounds {r['ratio_wall_range'][0]:.3f}-"
+              f"{r['ratio_wall_range'][1]:.3f} and {r['ratio_cpu_range'][0]:.3f}-{r['ratio_cpu_range'][1]:.3f}; "
+              f"{r['rounds']} rounds of {r['steps']} timed steps, {r['rows']} "
               f"completions a step, on a machine shared with other runs; TRL {r['trl_version']}).")
         return
     if a.worker:
@@ -118,7 +131,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = str(init_tiny(Path(tmp) / "tiny", layers=2, width=64, heads=4, max_positions=256, seed=0))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        loads = []
         for r in range(a.rounds):
+            loads.append([round(x, 2) for x in os.getloadavg()])
             for kind in (("plain", "reflectrl") if r % 2 == 0 else ("reflectrl", "plain")):
                 proc = subprocess.run([sys.executable, __file__, "--worker", kind, "--tmp", tmp, "--model", model,
                                        "--steps", str(a.steps), "--warmup", str(a.warmup)], capture_output=True,
@@ -134,10 +149,8 @@ def main() -> None:
     med = {k: {m: statistics.median(x[m] for x in v) for m in ("wall_per_step", "cpu_per_step")}
            for k, v in results.items()}
     share = statistics.median(x["inside_share"] for x in results["reflectrl"])
-    out = {"benchmark": "trl_overhead", **med, "inside_share": share,
-           "ratio_wall": med["reflectrl"]["wall_per_step"] / med["plain"]["wall_per_step"],
-           "ratio_cpu": med["reflectrl"]["cpu_per_step"] / med["plain"]["cpu_per_step"], "rounds": a.rounds,
-           "steps": a.steps, "rows": 16, "trl_version": trl.__version__, "runs": results}
+    out = {"benchmark": "trl_overhead", **med, "inside_share": share, **ratios(results), "rounds": a.rounds,
+           "steps": a.steps, "rows": 16, "trl_version": trl.__version__, "runs": results, "load_before": loads}
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out))

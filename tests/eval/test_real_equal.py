@@ -10,7 +10,7 @@ def test_the_table_and_its_verdicts(tmp_path):
     mod = benchmark_script("real_equal")
     runs = {}
     for arm, acc, auroc in (("grpo", 0.40, 0.50), ("rlcr-inline", 0.38, 0.70)):
-        for seed in range(1, 7):
+        for seed in range(1, 9):
             runs[f"base|12|{arm}|{seed}|validation"] = {
                 "start": "base", "updates": 12, "arm": arm, "seed": seed, "split": "validation", "n": 200,
                 "accuracy": acc + 0.01 * seed, "auroc": auroc + 0.01 * seed, "ece": 0.2, "mean_confidence": 0.5,
@@ -21,14 +21,16 @@ def test_the_table_and_its_verdicts(tmp_path):
     path.write_text(json.dumps({"runs": runs}))
     text = mod.render([str(path)])
     assert "| start (no training) | 1 | 0.200 |" in text
-    assert "| rlcr-inline | 6 | 0.415 | 0.735 (s1 0.71; s2 0.72;" in text  # the mean over seeds 1-6, and each seed
+    assert "| rlcr-inline | 8 | 0.425 | 0.745 (s1 0.71; s2 0.72;" in text  # the mean over seeds 1-8, and each seed
     # chosen: within 3 points of GRPO's accuracy, the higher AUROC; 4 points below, GRPO's only rival is not chosen
     assert "of GRPO's): rlcr-inline." in text
     rows = [dict(r) for r in runs.values()]
     assert mod.chosen(rows) == "rlcr-inline"
     assert mod.chosen([dict(r, accuracy=r["accuracy"] - 0.02) if r["arm"] == "rlcr-inline" else r for r in rows]) is None
     auroc = next(line for line in text.splitlines() if line.startswith("- rlcr-inline against grpo, auroc"))
-    assert auroc.endswith(": better")  # +0.20 in each of 6 paired seeds: the exact test's smallest p, 1/32
+    # +0.20 in each of 8 paired seeds: the exact test's smallest p, 2/256, times 3 hypotheses of the setting's family
+    # (accuracy's difference, AUROC's; ECE is equal, accuracy's non-inferiority p is 0) stays below 0.05
+    assert auroc.endswith(": better")
     acc = next(line for line in text.splitlines() if line.startswith("- rlcr-inline against grpo, accuracy"))
     assert acc.endswith(": worse")
 

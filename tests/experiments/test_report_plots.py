@@ -40,11 +40,13 @@ def test_report_tables(grid):
     assert re.search(r"\| better \| 3 \| 102\.0 \[\S+, \S+\] \| 1\.00 \[1\.00, 1\.00\] \|", text)
     # early AUC over [0, 200]: ppo holds 0 until 100 then rises to 10 -> (0*100 + 5*100) / 200 = 2.5
     # better: (20*100 + 30*100) / 200 = 25; wall times 2.0 and 4.0 s, a quarter of it in the training loop
-    assert "| (baseline) | (baseline) | 2.50 [2.50, 2.50] | 2.0 (0.5) |" in text
+    assert "| (baseline) | (baseline) | 2.50 [2.50, 2.50] | (baseline) | 2.0 (0.5) |" in text
     # every seed pair differs by +90, but three pairs cannot decide "better" (the exact sign-flip p is 2/8 at
-    # best): within the 5% margin of ppo's return it is "not lower"
-    assert "| 1.00 [1.00, 1.00] | +90.00 [+90.00, +90.00], p = 0.25: not lower | 25.00 [25.00, 25.00] | 4.0 (1.0) |" \
-        in text
+    # best; Holm over the env's family of three hypotheses, final return's and early AUC's differences and final
+    # return's non-inferiority, makes it 0.5): within the 5% margin of ppo's return it is "not lower"
+    assert ("| 1.00 [1.00, 1.00] | +90.00 [+90.00, +90.00], p = 0.5, NI p = 0: not lower | 25.00 [25.00, 25.00] | "
+            "+22.50 [+22.50, +22.50], p = 0.5: inconclusive (3 seeds) | 4.0 (1.0) |") in text
+    assert "Verdicts: Holm over the 3 hypotheses of this env's family" in text
     assert "| better | 2 | 1.00 [1.00, 1.00] |" in text  # across envs
     assert "## Definitions" in text and "Mann-Whitney" in text
     assert text.index("| EnvA-v0 | ppo | 1 |") < text.index("| EnvA-v0 | better | 1 |")  # --methods order

@@ -6,6 +6,8 @@ report the interquartile mean with stratified bootstrap confidence intervals ins
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 from scipy import stats
 
@@ -211,6 +213,9 @@ def difference_of_proportions_ci(before: float, before_ci: tuple[float, float], 
 # Verdicts at few seeds: exact tests, Holm over a table, non-inferiority with a stated margin (docs/compare.md,
 # "How verdicts are decided"). Intervals and IQMs above describe; these decide.
 ALPHA = 0.05
+MIN_SEEDS = 3
+"""Fewest runs (pairs) a claim needs for a verdict; with fewer it reads "too few seeds (n)" and stays out of its
+family. Every report and claims script uses it, so a family is the same set of claims wherever it is decided."""
 EXACT_LIMIT = 100_000  # unpaired splits enumerated exactly up to this many; random draws beyond
 
 
@@ -292,42 +297,86 @@ def holm(pvalues) -> np.ndarray:
     return adj
 
 
+def non_inferiority_p(x, y=None, margin: float = 0.0, paired: bool = False) -> float:
+    """One-sided p-value of the non-inferiority test H0: mean(x - y) <= -margin against mean(x - y) > -margin:
+    Student's t test of the paired (or ``y`` None) differences shifted by ``margin``, or Welch's test when unpaired.
+    It is below 0.05 exactly where the one-sided 95% lower bound (the lower end of the 90% :func:`t_interval`) lies
+    above -margin. With no spread: 0 when the difference lies above -margin, else 1; 1 below two values."""
+    x = np.asarray(x, float).ravel()
+    if y is None or paired:
+        d = x if y is None else x - np.asarray(y, float).ravel()
+        if d.size < 2:
+            return 1.0
+        shift, se, dof = float(d.mean()) + margin, float(d.std(ddof=1) / np.sqrt(d.size)), float(d.size - 1)
+    else:
+        y = np.asarray(y, float).ravel()
+        if x.size < 2 or y.size < 2:
+            return 1.0
+        vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+        shift, se = float(x.mean() - y.mean()) + margin, float(np.sqrt(vx + vy))
+        dof = float((vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))) if se > 0 else 1.0
+    if se == 0:
+        return 0.0 if shift > 0 else 1.0
+    return float(stats.t.sf(shift / se, dof))
+
+
 def compare_samples(x, y, paired: bool, higher_is_better: bool = True, margin: float | None = None) -> dict:
     """One claim, "x against its baseline y": the mean difference (oriented so that positive is better), its 95%
     t interval, the exact p-value (sign flips when paired, a permutation test when not), and with ``margin`` the
-    one-sided 95% lower bound for non-inferiority. :func:`decide` turns a table of these into verdicts."""
+    one-sided 95% lower bound of the oriented difference and the one-sided p-value of non-inferiority
+    (:func:`non_inferiority_p`: "not worse than the baseline by more than ``margin``", i.e. not lower by more
+    than it for a higher-is-better metric, not higher for a lower-is-better one). :func:`decide` turns a family
+    of these into verdicts."""
     x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
     if paired and x.size != y.size:
         raise ValueError(f"a paired comparison needs as many runs on each side, got {x.size} and {y.size}")
     sign = 1.0 if higher_is_better else -1.0
     effect, lo, hi = t_interval(sign * x, sign * y, paired=paired)
     p = sign_flip_p(sign * (x - y)) if paired else permutation_p(x, y)
-    out = {"effect": effect, "ci": (lo, hi), "p": p, "n": int(min(x.size, y.size)), "paired": paired}
+    out = {"effect": effect, "ci": (lo, hi), "p": p, "n": int(min(x.size, y.size)), "paired": paired,
+           "higher_is_better": bool(higher_is_better)}
     if margin is not None:
         out["margin"] = float(margin)
         out["lower_95"] = t_interval(sign * x, sign * y, paired=paired, confidence=0.90)[1]  # one-sided 95%
+        out["p_ni"] = non_inferiority_p(sign * x, sign * y, float(margin), paired=paired)
     return out
 
 
-def decide(claims: list[dict], alpha: float = ALPHA, min_n: int = 1) -> list[dict]:
-    """The verdict of each claim of one table (each from :func:`compare_samples`), Holm over the table: "better" or
-    "worse" when the Holm-adjusted p-value is below ``alpha`` (the sign of the effect says which); otherwise "not
-    lower" where a margin was stated and the one-sided 95% lower bound of the difference lies above minus it;
-    otherwise "inconclusive (n seeds)". A claim backed by fewer than ``min_n`` runs reads "too few seeds (n)" and
-    stays out of the Holm family. Returns the claims with ``verdict`` (and, for those decided, ``p_holm``) added."""
+def non_inferior_word(claim: dict) -> str:
+    """The verdict word of a non-inferiority claim that holds: "not lower" for a higher-is-better metric, "not
+    higher" for a lower-is-better one (ECE, Brier): the direction the margin guards."""
+    return "not lower" if claim.get("higher_is_better", True) else "not higher"
+
+
+DECISIVE = ("better", "worse", "not lower", "not higher")
+"""The verdict words that decide something (the rest read "inconclusive (n seeds)" or "too few seeds (n)")."""
+
+
+def decide(claims: list[dict], alpha: float = ALPHA, min_n: int = MIN_SEEDS) -> list[dict]:
+    """The verdict of each claim of one family (each from :func:`compare_samples`), Holm over every hypothesis the
+    family tests: the two-sided difference of each claim and, for each claim with a margin, its one-sided
+    non-inferiority. "better" or "worse" when the difference's Holm-adjusted p-value is below ``alpha`` (the sign of
+    the effect says which); otherwise "not lower" ("not higher" for a lower-is-better metric) where a margin was
+    stated and the non-inferiority p-value, adjusted in the same Holm step, is below ``alpha``; otherwise
+    "inconclusive (n seeds)". A claim backed by fewer than ``min_n`` runs reads "too few seeds (n)" and stays out of
+    the family. Returns the claims with ``verdict`` (and, for those decided, ``p_holm``, and ``p_ni_holm`` where a
+    margin was stated) added."""
     family = [c for c in claims if c["n"] >= min_n]
-    adjusted = iter(holm([c["p"] for c in family]) if family else np.zeros(0))
+    pvals = [c["p"] for c in family] + [c["p_ni"] for c in family if "margin" in c]
+    adjusted = holm(pvals) if pvals else np.zeros(0)
+    diff_adj, ni_adj = iter(adjusted[:len(family)]), iter(adjusted[len(family):])
     out = []
     for c in claims:
         if c["n"] < min_n:
             out.append(dict(c, verdict=f"too few seeds ({c['n']})"))
             continue
-        p_adj = next(adjusted)
-        c = dict(c, p_holm=float(p_adj))
-        if p_adj < alpha and c["effect"] != 0:
+        c = dict(c, p_holm=float(next(diff_adj)))
+        if "margin" in c:
+            c["p_ni_holm"] = float(next(ni_adj))
+        if c["p_holm"] < alpha and c["effect"] != 0:
             c["verdict"] = "better" if c["effect"] > 0 else "worse"
-        elif "margin" in c and np.isfinite(c["lower_95"]) and c["lower_95"] > -c["margin"]:
-            c["verdict"] = "not lower"
+        elif "margin" in c and c["p_ni_holm"] < alpha:
+            c["verdict"] = non_inferior_word(c)
         else:
             c["verdict"] = f"inconclusive ({c['n']} seeds)"
         out.append(c)
@@ -355,19 +404,38 @@ def difference(c: dict, lower_is_better: bool = False) -> tuple[float, float, fl
 
 
 def claim_text(c: dict, digits: int = 3, lower_is_better: bool = False) -> str:
-    """One decided claim in a table cell: ``x - y [95% CI], p = (Holm): verdict``."""
+    """One decided claim in a table cell: ``x - y [95% CI], p = (Holm): verdict``, and where a non-inferiority
+    margin was stated, its Holm-adjusted one-sided p-value too (``NI p``)."""
     eff, lo, hi = difference(c, lower_is_better)
     ci = f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if np.isfinite(lo) and np.isfinite(hi) else ""
-    return f"{eff:+.{digits}f}{ci}, p = {c['p_holm']:.3g}: {c['verdict']}"
+    ni = f", NI p = {c['p_ni_holm']:.3g}" if "p_ni_holm" in c else ""
+    return f"{eff:+.{digits}f}{ci}, p = {c['p_holm']:.3g}{ni}: {c['verdict']}"
+
+
+def family_against_baseline(values: dict[str, dict[str, dict]], baseline: str,
+                            margins: dict[str, float | None] | None = None, lower_is_better: Collection[str] = (),
+                            min_n: int = MIN_SEEDS) -> dict[str, dict[str, dict]]:
+    """Every method against ``baseline`` on every metric of one set of runs, decided as one family (Holm over all
+    of them, non-inferiority included): ``values`` maps metric -> method -> ``{seed: value}``; ``margins`` gives
+    a metric its non-inferiority margin, ``lower_is_better`` names the metrics where lower is better. A pair of
+    methods that ran the same seeds is compared paired by seed (:func:`by_seed`). Returns metric -> method ->
+    decided claim; methods with no values, and the baseline itself, get no entry."""
+    margins = margins or {}
+    cells = []
+    for metric, by_method in values.items():
+        base = by_method.get(baseline) or {}
+        for m, v in by_method.items():
+            if m != baseline and v and base:
+                cells.append((metric, m, compare_samples(*by_seed(v, base), higher_is_better=metric not in lower_is_better,
+                                                         margin=margins.get(metric))))
+    out: dict[str, dict[str, dict]] = {metric: {} for metric in values}
+    for (metric, m, _), c in zip(cells, decide([c for *_, c in cells], min_n=min_n)):
+        out[metric][m] = c
+    return out
 
 
 def against_baseline(values: dict[str, dict], baseline: str, margin: float | None = None,
                      higher_is_better: bool = True) -> dict[str, dict]:
-    """Every method of one table against ``baseline``, decided together (Holm over the table): ``values`` maps each
-    method to ``{seed: value}``; a pair of methods that ran the same seeds is compared paired by seed
-    (:func:`by_seed`). Methods with no values, and the baseline itself, get no entry."""
-    base = values.get(baseline) or {}
-    names = [m for m, v in values.items() if m != baseline and v and base]
-    claims = [compare_samples(*by_seed(values[m], base), higher_is_better=higher_is_better, margin=margin)
-              for m in names]
-    return dict(zip(names, decide(claims)))
+    """Every method of one table against ``baseline`` on one metric, decided together as one family
+    (:func:`family_against_baseline` with that metric alone)."""
+    return family_against_baseline({"_": values}, baseline, {"_": margin}, () if higher_is_better else ("_",))["_"]

@@ -16,12 +16,72 @@ from typing import Any
 
 import numpy as np
 
-from ..eval.stats import against_baseline, bootstrap_ci, claim_text, early_auc, iqm_ci, probability_of_improvement_ci
+from ..eval.stats import (
+    MIN_SEEDS,
+    bootstrap_ci,
+    claim_text,
+    compare_samples,
+    decide,
+    early_auc,
+    iqm_ci,
+    probability_of_improvement_ci,
+)
 from .report import _est, _num, _ordered, seed_key
 from .rundata import RunData, load_run
 
 ACCURACY_MARGIN = 0.02
 """Non-inferiority margin of held-out accuracy: 2 accuracy points."""
+
+HIGHER = ("accuracy", "reflection_accuracy", "auroc", "selective_score")
+"""Held-out metrics where higher is better."""
+LOWER = ("ece", "brier", "underconfidence", "overconfidence")
+"""Held-out metrics where lower is better."""
+TASK_HIGHER = ("step_auroc",)
+"""Higher-is-better metrics that only some tasks' evaluations give (rag: the AUROC of the confidences stated along an
+episode)."""
+TASK_LOWER = ("step_ece", "premature_rate")
+"""Lower-is-better metrics of the same kind (rag: the ECE of confidences stated along an episode, the share answered
+wrong after fewer searches than the question needs)."""
+DIRECTED = HIGHER + LOWER + TASK_HIGHER + TASK_LOWER
+"""The held-out metrics with a better direction: the family of a task's comparison holds each of them for every
+method against the baseline."""
+
+
+def heldout_family(pairs: dict[str, dict[str, tuple]], min_n: int = MIN_SEEDS) -> dict[str, dict[str, dict]]:
+    """The family of one set of runs (one task of one ``reflectrl llm compare`` folder), decided by the one rule:
+    ``pairs`` maps method -> metric -> (method's values, baseline's values), paired by seed (the same warmed-up model
+    per seed); every directed metric (:data:`DIRECTED`) of every method is one claim, accuracy with the
+    non-inferiority margin :data:`ACCURACY_MARGIN`, and Holm runs over all of them together
+    (:func:`reflectrl.eval.stats.decide`). ``report.md`` shows the accuracy column of this family and
+    ``benchmarks/llm_claims.py`` all of it, so a claim reads the same in both. Returns method -> metric -> claim."""
+    cells = [(m, k, compare_samples(x, y, paired=True, higher_is_better=k not in LOWER + TASK_LOWER,
+                                    margin=ACCURACY_MARGIN if k == "accuracy" else None))
+             for m, by_metric in pairs.items() for k, (x, y) in by_metric.items() if k in DIRECTED and len(x)]
+    out: dict[str, dict[str, dict]] = {m: {} for m in pairs}
+    for (m, k, _), c in zip(cells, decide([c for *_, c in cells], min_n=min_n)):
+        out[m][k] = c
+    return out
+
+
+def family_size(decided: dict[str, dict[str, dict]]) -> int:
+    """How many hypotheses the Holm step of a decided family adjusted over: each claim's difference, and its
+    non-inferiority where a margin was stated (claims below the seed minimum stay out)."""
+    return sum(1 + ("p_ni_holm" in c) for by in decided.values() for c in by.values() if "p_holm" in c)
+
+
+def paired_values(mine: dict, base: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """The seeds both sides ran with a finite ``key`` in both eval dicts, as (method's, baseline's) values."""
+    seeds = sorted(set(mine) & set(base), key=str)
+    x = np.array([_eval_value(mine[s], key) for s in seeds])
+    y = np.array([_eval_value(base[s], key) for s in seeds])
+    ok = np.isfinite(x) & np.isfinite(y)
+    return x[ok], y[ok]
+
+
+def _eval_value(ev: dict, key: str) -> float:
+    v = ev.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
 
 CALIBRATION = (("ece", "ECE"), ("brier", "Brier"), ("auroc", "AUROC"), ("reflection_accuracy", "reflection acc."),
                ("best_constant", "best constant"), ("underconfidence", "underconf."), ("overconfidence", "overconf."),
@@ -49,12 +109,32 @@ def _mean_ci(x: np.ndarray, reps: int) -> str:
     return f"{float(np.mean(x)):.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def accuracy_verdicts(by_method: dict[str, list[RunData]], baseline: str) -> dict[str, dict]:
-    """Each method's held-out accuracy against the baseline's, by the one verdict rule
-    (:func:`reflectrl.eval.stats.decide`, Holm over the task's methods): paired by seed (the same warmed-up model
-    per seed) when both ran the same seeds, with a non-inferiority margin of :data:`ACCURACY_MARGIN`."""
-    accuracy = {m: {seed_key(r): _value(r, "accuracy") for r in rs} for m, rs in by_method.items()}
-    return against_baseline(accuracy, baseline, margin=ACCURACY_MARGIN)
+def family_line(hypotheses: int, baseline: str) -> str:
+    """The sentence under a task's accuracy table naming the family its verdicts were adjusted in."""
+    return (f"Verdicts: Holm over the {hypotheses} hypotheses of this task's family (every method against {baseline} "
+            "on every held-out metric with a better direction, accuracy's non-inferiority included: the family "
+            "benchmarks/llm_claims.py decides too, widened there to every variant tried on the same held-out problems "
+            "where its variants.json records several); this table shows its accuracy claims.")
+
+
+VERDICT_DEFINITION = (
+    "- Verdict (accuracy - baseline): the one rule of `reflectrl.eval.stats` (docs/compare.md, \"How verdicts are "
+    "decided\"): paired by seed over the seeds both methods ran (exact sign-flip test), Student's t interval; one "
+    "family per task: Holm over every method's claim on every held-out metric with a better direction, and over "
+    "accuracy's one-sided non-inferiority test (margin 2 accuracy points; NI p); \"better\"/\"worse\" when the "
+    "difference's adjusted p is below 0.05, else \"not lower\" when the adjusted NI p is; otherwise \"inconclusive "
+    f"(n seeds)\"; fewer than {MIN_SEEDS} pairs: \"too few seeds (n)\".")
+"""The report's definition of its verdict column."""
+
+
+def task_family(by_method: dict[str, list[RunData]], baseline: str) -> dict[str, dict[str, dict]]:
+    """The decided family of one task's runs (:func:`heldout_family`) from their eval.json files."""
+    evals = {m: {seed_key(r): r.eval or {} for r in rs} for m, rs in by_method.items()}
+    base = evals.get(baseline)
+    if not base:
+        return {}
+    return heldout_family({m: {k: paired_values(ev, base, k) for k in DIRECTED}
+                           for m, ev in evals.items() if m != baseline})
 
 
 def task_tables(task: str, by_method: dict[str, list[RunData]], methods: Sequence[str], early_fraction: float,
@@ -70,16 +150,21 @@ def task_tables(task: str, by_method: dict[str, list[RunData]], methods: Sequenc
              f"| method | runs | held-out accuracy, IQM [95% CI] | P(method > {baseline}) [95% CI] | "
              f"accuracy - {baseline}: mean [95% t CI], Holm p: verdict | "
              "early AUC of training accuracy, IQM [95% CI] |", "|---|---|---|---|---|---|"]
-    verdicts = accuracy_verdicts(by_method, baseline)
+    family = task_family(by_method, baseline)
+    verdicts = {m: by["accuracy"] for m, by in family.items() if "accuracy" in by}
     for method in _ordered(by_method, methods):
         rs = by_method[method]
         acc = _finite(_value(r, "accuracy") for r in rs)
         aucs = _finite(early_auc(*r.series(TRAIN_ACCURACY), total, early_fraction) for r in rs)
         poi = "(baseline)" if method == baseline else (
             _est(*probability_of_improvement_ci(acc, base, **kw)) if len(acc) and len(base) else "n/a")
-        claim = claim_text(verdicts[method]) if method in verdicts else "(baseline)" if method == baseline else "n/a"
+        c = verdicts.get(method)
+        claim = ("(baseline)" if method == baseline else "n/a" if c is None else
+                 claim_text(c) if "p_holm" in c else c["verdict"])
         lines.append(f"| {method} | {len(acc)} | {_est(*iqm_ci(acc, **kw))} | {poi} | {claim} | "
                      f"{_est(*iqm_ci(aucs, **kw))} |")
+    if family_size(family):
+        lines += ["", family_line(family_size(family), baseline)]
     lines += ["", "Calibration of the self-reports asked after each held-out answer (mean over seeds [95% bootstrap "
               "CI]); ECE and Brier: lower is better; AUROC > 0.5: the confidences rank right answers above wrong "
               "ones; reflection accuracy beats guessing only above the best constant.", "",
@@ -188,11 +273,7 @@ def write_llm_outputs(out: Path, specs: Sequence[Any], results: Sequence[dict], 
               "- IQM: the mean of the middle half of the seeds' values; CIs: 95% percentile bootstrap over seeds.",
               "- P(method > baseline): the probability that a random seed of the method beats a random seed of the "
               "baseline (ties count one half), with a bootstrap CI.",
-              "- Verdict (accuracy - baseline): the one rule of `reflectrl.eval.stats` (docs/compare.md, \"How "
-              "verdicts are decided\"): paired by seed when both methods ran the same seeds (exact sign-flip test), "
-              "else unpaired (exact permutation test); Student's t interval; \"better\"/\"worse\" only when the "
-              "p-value, Holm-corrected over the task's methods, is below 0.05; \"not lower\" when the one-sided 95% "
-              "lower bound lies above -0.02 (2 accuracy points); otherwise \"inconclusive (n seeds)\".",
+              VERDICT_DEFINITION,
               "- ECE: 10 equal-width confidence bins, |accuracy - mean confidence| weighted by the bins' shares; "
               "Brier: mean (q - correct)^2; AUROC: of the stated confidence as a score for correctness.",
               "- Reflection accuracy P(reflection = outcome); best constant: max(accuracy, 1 - accuracy); "

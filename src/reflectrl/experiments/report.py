@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from ..eval.stats import (
-    against_baseline,
+    MIN_SEEDS,
     claim_text,
     early_auc,
+    family_against_baseline,
     iqm_ci,
     mean_probability_of_improvement_ci,
     probability_of_improvement_ci,
@@ -94,14 +95,26 @@ def _wall(runs: Sequence[RunData]) -> str:
     return f"{_num(proc, 1)}{plus}" + (f" ({_num(loop, 1)}{plus})" if loop is not None else "")
 
 
-def final_verdicts(by_method: dict[str, list[RunData]], baseline: str) -> dict[str, dict]:
-    """Each method's final return against the baseline's in one env, decided by the one verdict rule
-    (:func:`reflectrl.eval.stats.decide`, Holm over the env's methods): paired by env seed when both ran the same
-    seeds, with a non-inferiority margin of :data:`MARGIN_SHARE` of the baseline's mean return."""
-    finals = {m: {seed_key(r): r.final_return for r in rs if r.final_return is not None} for m, rs in by_method.items()}
-    base = list(finals.get(baseline, {}).values())
+def control_family(finals: dict[str, dict], aucs: dict[str, dict], baseline: str,
+                   min_n: int = MIN_SEEDS) -> dict[str, dict[str, dict]]:
+    """The family of one set of runs (one env of one comparison), decided by the one verdict rule: every method's
+    final return and early AUC against the baseline's (``{method: {seed: value}}`` each), paired by env seed when
+    both ran the same seeds, final return with a non-inferiority margin of :data:`MARGIN_SHARE` of the baseline's
+    mean return; Holm over all of them together (:func:`reflectrl.eval.stats.family_against_baseline`).
+    ``report.md`` and ``benchmarks/seed_claims.py`` decide this same family. Returns {"final", "early"} -> method
+    -> decided claim."""
+    base = [v for v in finals.get(baseline, {}).values() if math.isfinite(v)]
     margin = MARGIN_SHARE * abs(float(np.mean(base))) if base else None
-    return against_baseline(finals, baseline, margin=margin)
+    return family_against_baseline({"final": finals, "early": aucs}, baseline, {"final": margin}, min_n=min_n)
+
+
+def env_family(by_method: dict[str, list[RunData]], baseline: str, fraction: float) -> dict[str, dict[str, dict]]:
+    """:func:`control_family` of one env's runs."""
+    total = _env_total([r for rs in by_method.values() for r in rs])
+    finals = {m: {seed_key(r): r.final_return for r in rs if r.final_return is not None} for m, rs in by_method.items()}
+    aucs = {m: {seed_key(r): v for r in rs if r.final_return is not None and math.isfinite(v := run_auc(r, total, fraction))}
+            for m, rs in by_method.items()}
+    return control_family(finals, aucs, baseline)
 
 
 def seed_key(run: RunData) -> int | str:
@@ -117,10 +130,12 @@ def env_table(env: str, by_method: dict[str, list[RunData]], opts: ReportOptions
     pct = f"{opts.early_fraction:.0%}"
     head = (f"| method | runs | final return, IQM [95% CI] | P(method > {opts.baseline}) [95% CI] | "
             f"final return - {opts.baseline}: mean [95% t CI], Holm p: verdict | "
-            f"early AUC (first {pct} of steps), IQM [95% CI] | wall time per run, s: process (training loop) |")
+            f"early AUC (first {pct} of steps), IQM [95% CI] | early AUC - {opts.baseline}: mean [95% t CI], Holm "
+            "p: verdict | wall time per run, s: process (training loop) |")
     lines = [f"## {env}", "", f"{int(total) if math.isfinite(total) else '?'} environment steps per run.", "",
-             head, "|---|---|---|---|---|---|---|"]
-    verdicts = final_verdicts(by_method, opts.baseline)
+             head, "|---|---|---|---|---|---|---|---|"]
+    family = env_family(by_method, opts.baseline, opts.early_fraction)
+    n_hyp = sum(1 + ("p_ni_holm" in c) for by in family.values() for c in by.values() if "p_holm" in c)
     window_points = []
     for method in _ordered(by_method, opts.methods):
         rs = by_method[method]
@@ -134,16 +149,28 @@ def env_table(env: str, by_method: dict[str, list[RunData]], opts: ReportOptions
             poi = _est(*probability_of_improvement_ci(finals, base, **kw))
         else:
             poi = "n/a"
-        claim = claim_text(verdicts[method], _digits(float(np.mean(base))) if len(base) else 2) \
-            if method in verdicts else "(baseline)" if method == opts.baseline else "n/a"
-        lines.append(f"| {method} | {len(finals)} | {_est(*iqm_ci(finals, **kw))} | {poi} | {claim} | "
-                     f"{_est(*iqm_ci(aucs, **kw))} | {_wall(rs)} |")
+        claims = [_claim_cell(family[k].get(method), method, opts.baseline, digits) for k, digits in
+                  (("final", _digits(float(np.mean(base))) if len(base) else 2), ("early", 2))]
+        lines.append(f"| {method} | {len(finals)} | {_est(*iqm_ci(finals, **kw))} | {poi} | {claims[0]} | "
+                     f"{_est(*iqm_ci(aucs, **kw))} | {claims[1]} | {_wall(rs)} |")
+    if n_hyp:
+        lines += ["", f"Verdicts: Holm over the {n_hyp} hypotheses of this env's family (every method's final return "
+                      f"and early AUC against {opts.baseline}, final return's non-inferiority included: the family "
+                      "benchmarks/seed_claims.py decides too)."]
     if window_points and np.median(window_points) < 3:
         lines += ["", f"Note: the first {pct} of steps hold a median of {int(np.median(window_points))} logged "
                       "updates per run, so the early AUC there is mostly interpolation; use a longer budget."]
     if opts.baseline not in by_method:
         lines += ["", f"No {opts.baseline} runs in this env: no probability of improvement."]
     return lines + [""]
+
+
+def _claim_cell(claim: dict | None, method: str, baseline: str, digits: int) -> str:
+    if method == baseline:
+        return "(baseline)"
+    if claim is None:
+        return "n/a"
+    return claim_text(claim, digits) if "p_holm" in claim else claim["verdict"]
 
 
 def across_envs_table(groups: dict[str, dict[str, list[RunData]]], opts: ReportOptions) -> list[str]:
@@ -206,10 +233,12 @@ DEFINITIONS = """## Definitions
 - **Verdict** (final return - baseline): decided by the one rule of `reflectrl.eval.stats` (docs/compare.md,
   "How verdicts are decided"). Runs are paired by env seed when both methods ran the same seeds (the exact
   sign-flip test over all 2^n sign patterns), else compared unpaired (an exact permutation test of the
-  difference in means); the interval is Student's t (Welch's when unpaired). "better" or "worse" only when
-  the p-value, Holm-corrected over the methods of the env, is below 0.05; "not lower" when the one-sided 95%
-  lower bound of the difference lies above minus 5% of the baseline's mean return; otherwise
-  "inconclusive (n seeds)". Five paired seeds can never reach p < 0.05 (the smallest exact p is 2/32).
+  difference in means); the interval is Student's t (Welch's when unpaired). One family per env: Holm over
+  every method's final return and early AUC against the baseline, and over final return's one-sided
+  non-inferiority test (Student's t, margin 5% of the baseline's mean return; NI p). "better" or "worse" only
+  when the difference's adjusted p-value is below 0.05; else "not lower" when the adjusted NI p is; otherwise
+  "inconclusive (n seeds)"; fewer than 3 runs a side: "too few seeds (n)". Five paired seeds can never reach
+  p < 0.05 (the smallest exact p is 2/32).
 - **Early AUC** of a run: the mean of its training curve over the first {pct} of the steps budget T, i.e.
   (1 / (f T)) ∫₀^(f T) R(t) dt with f = {fraction}. R(t) is `charts/episodic_return` from `metrics.jsonl` (the
   mean return of the training episodes that ended in the update logged at step t), linearly interpolated on

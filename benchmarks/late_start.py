@@ -23,7 +23,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from reflectrl.llm.recipes import recipe
+from reflectrl.experiments.recipes import recipe
 
 
 def parse_method(spec: str) -> tuple[str, str, list[str]]:

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-# per task: the tiny model, warm-up and GRPO settings of the CPU recipe (reflectrl.llm.recipes); the completion
+# per task: the tiny model, warm-up and GRPO settings of the CPU recipe (reflectrl.experiments.recipes); the completion
 # budget of arith and codegen as the recorded runs used it (the task's own default elsewhere)
 MAX_NEW_TOKENS = {"arith": 6, "codegen": 40}
 
@@ -38,7 +38,7 @@ EPISODE_KEYS = ("tool_calls", "premature_rate", "step_reports", "step_ece", "ste
 
 def preset(task: str, task_options: tuple[str, ...] = ()) -> dict:
     """The recipe's flags of each phase; ``task_options`` (KEY=VALUE) are added to the recipe's own (a later one wins)."""
-    from reflectrl.llm.recipes import recipe
+    from reflectrl.experiments.recipes import recipe
     from reflectrl.tasks.base import get_task
 
     r = recipe(task).with_options(task_options)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from reflectrl.algos import get_algo
 from reflectrl.cli.util import config_from_flags
-from reflectrl.llm.recipes import recipe
+from reflectrl.experiments.recipes import recipe
 from reflectrl.runlog import read_metrics
 from reflectrl.tasks.base import parse_options
 

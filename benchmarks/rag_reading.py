@@ -65,8 +65,8 @@ def share(rows: list[dict], key: str, where: str | None = None) -> tuple[float |
 def measure_model(model: Path, limit: int) -> dict:
     import torch
 
+    from reflectrl.experiments.recipes import recipe
     from reflectrl.llm.evaluate import evaluate_policy, load_for_eval
-    from reflectrl.llm.recipes import recipe
     from reflectrl.tasks.base import get_task, parse_options
 
     torch.set_num_threads(1)

@@ -27,7 +27,7 @@ from typing import Any
 
 import resultio
 
-from reflectrl.llm.recipes import RECIPES
+from reflectrl.experiments.recipes import RECIPES
 from reflectrl.runlog import read_metrics
 
 PAIRS = {  # name: (plain flags, new flags)

@@ -9,8 +9,8 @@ import torch
 
 from reflectrl.algos import get_algo, resume
 from reflectrl.contract.base import MethodRunner, StepBatch
+from reflectrl.contract.turns import GroupBaselineView
 from reflectrl.llm.teacher import TeacherPass
-from reflectrl.llm.turns import GroupBaselineView
 from reflectrl.methods.gear import GEAR, GEAROptions, departures, segment_sources, teacher_weights
 from reflectrl.methods.gear_seed import GearSeed, GearSeedOptions
 from reflectrl.runlog import behaviour, read_metrics

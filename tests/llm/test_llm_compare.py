@@ -73,7 +73,7 @@ def test_a_recipe_s_task_options_reach_every_run():
     the recipe renders them for the warm-up and for evaluations)."""
     from reflectrl.experiments.compare import parse_method
     from reflectrl.experiments.llm_compare import build_grid
-    from reflectrl.llm.recipes import recipe
+    from reflectrl.experiments.recipes import recipe
 
     r = recipe("rag")
     assert r.task_flags() == ("--task-options", "n_companies=1000") and r.task_flags("--set") == ("--set", "n_companies=1000")
@@ -90,7 +90,7 @@ def test_a_recipe_s_task_options_reach_every_run():
 def test_a_user_s_task_option_overrides_a_training_only_one():
     """``with_options`` adds a user's options in every phase; one with the key of a training-only option replaces it
     (the later key wins when the flags are parsed, so the training would otherwise keep the recipe's)."""
-    from reflectrl.llm.recipes import recipe
+    from reflectrl.experiments.recipes import recipe
     from reflectrl.tasks.base import parse_options
 
     r = recipe("rag").with_options(("search_credit=0", "report=steps"))

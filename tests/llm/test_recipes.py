@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from reflectrl.cli import main
-from reflectrl.llm.recipe_results import RESULTS, expectation, flag_values
-from reflectrl.llm.recipes import REAL_RECIPES, RECIPES, recipe_names, train_recipe
+from reflectrl.experiments.recipe_results import RESULTS, expectation, flag_values
+from reflectrl.experiments.recipes import REAL_RECIPES, RECIPES, recipe_names, train_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -114,7 +114,7 @@ def gear_seed_llm_methods(cfg: GearSeedLLMConfig):
     """gear-seed's runner, built once the policy is loaded (V_d reads its hidden size)."""
 
     def build(trainer: GRPO) -> list[MethodRunner]:
-        from ..llm.turns import GroupBaselineView
+        from ..contract.turns import GroupBaselineView
 
         method = GearSeed(trainer.policy.hidden_size, cfg.rows, cfg.group_size, cfg.gamma, cfg, method_seed(cfg.seed, 12))
         return [MethodRunner(method, view=GroupBaselineView() if cfg.gear_v_orig == "group_mean" else None)]
@@ -217,7 +217,7 @@ def refgrpo_seed_llm_methods(cfg: RefGRPOSeedLLMConfig):
     """The runner of refgrpo-seed, built once the policy is loaded (the predictor reads its hidden size)."""
 
     def build(trainer: GRPO) -> list[MethodRunner]:
-        from ..llm.turns import TurnView
+        from ..contract.turns import TurnView
 
         method = RefGRPOSeed(trainer.policy.hidden_size, cfg, cfg.learning_rate, method_seed(cfg.seed, 11))
         return [MethodRunner(method, view=TurnView() if cfg.reflection_unit == "turn" else None)]

@@ -126,7 +126,7 @@ def cmd_train(argv: list[str]) -> int:
     else:
         algo, default, sets = _new_run_defaults(front, rest, asked_help)
         if asked_help:
-            from ..llm.recipes import recipe_names
+            from ..experiments.recipes import recipe_names
             from .train_help import train_help
 
             print(train_help(algo, default, algo_names("llm"), recipe_names()))
@@ -156,7 +156,7 @@ def _new_run_defaults(front: argparse.Namespace, rest: list[str], asked_help: bo
     sets = list(front.set)
     algo_name = front.algo or "grpo"
     if front.recipe is not None:
-        from ..llm.recipes import train_recipe
+        from ..experiments.recipes import train_recipe
 
         r = train_recipe(front.recipe)
         given = _given_flags(rest)
@@ -329,8 +329,8 @@ def cmd_compare(argv: list[str]) -> int:
 
 
 def cmd_recipes(argv: list[str]) -> int:
-    from ..llm.recipe_results import RESULTS, describe
-    from ..llm.recipes import recipe_names, train_recipe
+    from ..experiments.recipe_results import RESULTS, describe
+    from ..experiments.recipes import recipe_names, train_recipe
 
     ap = argparse.ArgumentParser(prog="reflectrl llm recipes", description="List the recipes of `reflectrl llm train "
                                  "--recipe NAME`: each one's task, model, budget, flags and what it is expected to reach, "

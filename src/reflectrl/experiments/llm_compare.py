@@ -2,7 +2,7 @@
 accuracy and calibration with bootstrap CIs), ``curves.png`` and reliability diagrams.
 
 Without ``--model``, each (task, seed) gets one tiny model built by the task's CPU recipe
-(:mod:`reflectrl.llm.recipes`: init-tiny, then a warm-up to a weak-but-nonzero accuracy whose
+(:mod:`reflectrl.experiments.recipes`: init-tiny, then a warm-up to a weak-but-nonzero accuracy whose
 demonstrations end with self-reports, a quarter of them after the teacher prompt that gear uses) in
 ``OUT/models/{task}/seed_{s}/warmup``, and every method of that
 seed trains from it: the comparison is paired. Runs live in ``OUT/runs/{task}/{method}/seed_{s}/`` and go
@@ -28,7 +28,7 @@ from .compare import MethodSpec, check_grid_args, check_train_args
 from .runner import RunSpec, _run_cli, make_result, materialize, plan, run_local
 
 if TYPE_CHECKING:
-    from ..llm.recipes import Recipe
+    from .recipes import Recipe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,7 +91,7 @@ def _validate(args: argparse.Namespace) -> list[MethodSpec]:
     for task in args.tasks:
         get_task(task, **parse_options(args.task_option))
         if args.model is None:
-            from ..llm.recipes import recipe
+            from .recipes import recipe
 
             recipe(task)
     if args.model is not None:
@@ -109,7 +109,7 @@ def model_dir(out: Path, task: str, seed: int) -> Path:
 
 def task_recipe(task: str, task_options: Sequence[str] = ()) -> Recipe:
     """The task's CPU recipe with ``task_options`` (KEY=VALUE) added to its own."""
-    from ..llm.recipes import recipe
+    from .recipes import recipe
 
     return recipe(task).with_options(tuple(task_options))
 
@@ -165,7 +165,7 @@ def build_grid(methods: Sequence[MethodSpec], tasks: Sequence[str], seeds: Seque
                retries: int = 0, task_options: Sequence[str] = ()) -> list[RunSpec]:
     """Every (task, method, seed), tasks outermost; each run's train flags are its task recipe's (with
     ``task_options`` added), then the method's own, then ``--extra``."""
-    from ..llm.recipes import RECIPES
+    from .recipes import RECIPES
 
     specs = []
     for task in tasks:

@@ -8,7 +8,7 @@ The recipes of a real pretrained model (:data:`REAL_RECIPES`): the training alon
 
 Every recipe is a ``reflectrl llm train --recipe NAME`` (:func:`train_recipe`): its flags fill the defaults that
 explicit flags override. ``reflectrl llm recipes`` lists them with what each reached where a benchmark result in
-``benchmarks/results`` measured it (:mod:`reflectrl.llm.recipe_results`).
+``benchmarks/results`` measured it (:mod:`reflectrl.experiments.recipe_results`).
 """
 
 from __future__ import annotations

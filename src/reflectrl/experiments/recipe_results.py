@@ -1,6 +1,6 @@
 """What a recipe is expected to reach, read from the benchmark results that measured it (``benchmarks/results``).
 
-Each recipe names a glob of result files, one per seed (:attr:`~reflectrl.llm.recipes.TrainRecipe.results`): those of
+Each recipe names a glob of result files, one per seed (:attr:`~reflectrl.experiments.recipes.TrainRecipe.results`): those of
 ``benchmarks/llm_learn.py`` (the CPU recipes: ``before`` and ``after`` accuracies, ``train_args``) and of
 ``benchmarks/real_model.py learn`` (the real model: ``before`` and ``after`` objects, ``settings``). A file counts
 only when what it records of its run's settings agrees with the recipe; where no file is present, or none agrees, the

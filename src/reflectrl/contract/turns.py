@@ -51,8 +51,13 @@ class TurnView:
             turn_ids=torch.arange(K).expand(R, K).where(has, torch.full((R, K), -1)))
 
     def from_view(self, sh: Shaping) -> Shaping:
+        if self._map is None:
+            raise RuntimeError("from_view before to_view: the turn view maps back the batch it last viewed")
         onehot, last, R, T = self._map
-        spread = lambda x: None if x is None else torch.einsum("rtk,rk->rt", onehot, x.float())
+
+        def spread(x: Tensor) -> Tensor:
+            return torch.einsum("rtk,rk->rt", onehot, x.float())
+
         reward = None
         if sh.reward_delta is not None:
             reward = torch.zeros(R, T).scatter_add_(1, last, sh.reward_delta.float() * (onehot.sum(1) > 0))
@@ -60,7 +65,8 @@ class TurnView:
         if sh.weights is not None:
             w = spread(sh.weights)
             weights = torch.where(onehot.sum(2) > 0, w, torch.ones_like(w))
-        return Shaping(reward_delta=reward, advantage_delta=spread(sh.advantage_delta), weights=weights)
+        adv = None if sh.advantage_delta is None else spread(sh.advantage_delta)
+        return Shaping(reward_delta=reward, advantage_delta=adv, weights=weights)
 
 
 class GroupBaselineView:

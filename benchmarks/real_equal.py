@@ -220,6 +220,8 @@ def render(files: list[str]) -> str:
                 out += ["", reliability(rows, arms), "", "Held-out problems, evaluated once, for the variant chosen on "
                         "validation problems and GRPO (every variant tried and its split: benchmarks/results/variants.json"
                         "); the verdicts below are this setting's family alone."]
+            elif len({r["seed"] for r in rows}) < 3:
+                out += ["", "One or two seeds: a diagnostic; no variant is chosen from this table."]
             elif len(arms) > 1:
                 pick = chosen(rows)
                 out += ["", f"Chosen by the rule stated before the held-out run (the highest mean AUROC among the "

@@ -54,7 +54,7 @@ REAL_ARGS = ["--model", "smollm2-135m-instruct", "--task", "arith", "--set", "op
              "--prompts-per-update", "8", "--grad-accum", "4", "--threads", "1", "--updates", "3", "--seed", "3",
              "--reward-workers", "0"]
 REAL = {"real-grpo": ["--algo", "grpo"],
-        "real-rlcr": ["--algo", "rlcr", "--prompts-per-update", "4", "--grad-accum", "2"]}
+        "real-rlcr": ["--algo", "rlcr", "--prompts-per-update", "2"]}
 """The real model's golden runs (SmolLM2-135M-Instruct, LoRA 16, 3 updates, one thread; slow: ``tests/llm/
 test_real_golden.py``). They are compared within tolerances, not bit for bit: the defaults that follow from a chat
 model may change their numbers within float32 rounding (and what sampling makes of it)."""

@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from resultio import main as run  # noqa: E402
 from resultio import results_file  # noqa: E402
 
-MODEL = "smollm2-135m-instruct"
 PHASES = ("prefill", "decode", "train_forward", "train_backward", "optimizer")
 LABEL = {"prefill": "prefill (sampler)", "decode": "decoding steps (sampler)", "train_forward": "training forward",
          "train_backward": "training backward", "optimizer": "optimizer step (AdamW)",
@@ -191,12 +190,14 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
 
     recipe = train_recipe("real-arith")
     tmp = tempfile.mkdtemp(prefix="roofline-")
-    flags = [*recipe.argv(), "--updates", str(len(a.threads) * a.rounds + 1), "--run-dir", f"{tmp}/run",
+    flags = [*recipe.flags, "--updates", str(len(a.threads) * a.rounds + 1), "--run-dir", f"{tmp}/run",
              "--no-progress", "--no-tensorboard", "--no-export-model", "--sample-interval", "0",
-             "--cpu-time-limit-s", "0", "--seed", str(a.seed)]
+             "--cpu-time-limit-s", "1e9", "--seed", str(a.seed)]
     from reflectrl.algos import config_for_algo
 
-    cfg = config_from_flags(config_for_algo("grpo", model=MODEL, lora_r=16), flags, "roofline", "llm", False)
+    default = config_for_algo(recipe.algo, model=recipe.model, lora_r=16, task=recipe.task,
+                              task_options=recipe.task_options)
+    cfg = config_from_flags(default, flags, "roofline", "llm", False)
     trainer = GRPO(cfg)
     conf = trainer.policy.model.config
     flops = Flops(conf, cfg.lora_r)
@@ -214,7 +215,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             print(f"round {r + 1} threads {t}: peak {max(rates.values()):.1f} GFLOP/s per CPU s, update "
                   f"{per[t]['updates'][-1]['iteration_cpu_s']:.1f} CPU s", file=sys.stderr, flush=True)
     trainer.close()
-    out: dict[str, Any] = {"model": MODEL, "recipe": "real-arith", "flags": flags[:flags.index("--run-dir")],
+    out: dict[str, Any] = {"model": recipe.model, "recipe": recipe.name, "flags": flags[:flags.index("--run-dir")],
+                           "attention": trainer.cfg.attention, "old_logp": trainer.cfg.old_logp,
                            "rounds": a.rounds, "torch": torch.__version__, "threads": {}}
     for t in a.threads:
         ups = per[t]["updates"]

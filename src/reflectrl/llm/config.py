@@ -149,7 +149,7 @@ class GRPOConfig(RunOptions):
     others register."""
     engine_options: tuple[str, ...] = ()
     """Keyword arguments of the engine as KEY=VALUE. torch: reuse_cache (keep each row's keys and values between
-    turns; on by default on multi-turn tasks), append_cache (append the KV cache in place), lean_step (the lean
+    turns; on by default on multi-turn tasks and, with a chat model, for an asked self-report turn), append_cache (append the KV cache in place), lean_step (the lean
     one-token step on Llama-architecture models; the same logits bit for bit), prune_frac (drop finished rows when
     they are this share of the batch); vllm: gpu_memory_utilization=0.5, enforce_eager=true, ... (docs/llm.md)."""
     tis_cap: float | None = 2.0

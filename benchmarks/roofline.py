@@ -23,7 +23,8 @@ The machine this runs on may be shared: every rate is per second of this process
 that time the process waits for a core counts for neither, and the peak and the update are measured in the same
 process, interleaved: each round measures the peak, then times one update, at each thread count in turn (the order
 alternating between rounds). The medians over rounds are reported. At two threads a CPU second is a core's: the
-share is of two cores' peak, each second of either counted.
+share is of two cores' peak, each second of either counted. On a machine loaded past its cores, two threads measure
+their waiting more than their work (one spins while the other has lost its core): measure them on an idle one.
 """
 
 from __future__ import annotations

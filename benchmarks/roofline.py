@@ -179,7 +179,7 @@ def one_update(trainer: Any, cpu: dict[str, float], work: dict[str, float], rese
     secs["train_backward"] = cpu.get("update", 0.0) - secs["train_forward"] - secs["optimizer"]
     return {"cpu_s": secs, "gflop": {k: work.get(k, 0.0) / 1e9 for k in PHASES}, "iteration_cpu_s": whole,
             "train_rows": work.get("train_rows", 0), "train_tokens": work.get("train_tokens", 0),
-            "generated_tokens": rec.get("rollout/generated_tokens"), "reward": rec.get("rollout/reward_mean")}
+            "generated_tokens": rec.get("rollout/generated_tokens"), "reward": rec.get("reward/mean")}
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
@@ -254,16 +254,20 @@ def render(names: list[str]) -> str:
                   "share of the peak |", "|---|---|---|---|---|---|---|"]
     for t in ts:
         x = r["threads"][t]
+        ups = x["per_round"]
         for k in (*PHASES, "train"):
             parts = ("train_forward", "train_backward") if k == "train" else (k,)
-            g, s = sum(x["gflop"][p] for p in parts), sum(x["cpu_s"][p] for p in parts)
-            lines.append(f"| {t} | {LABEL[k]} | {g:.1f} | {s:.2f} | {s / x['iteration_cpu_s']:.0%} | "
-                         f"{g / max(s, 1e-9):.1f} | {x['share_of_peak'][k]:.0%} |")
-        rest = x["iteration_cpu_s"] - sum(x["cpu_s"][p] for p in PHASES)
-        lines.append(f"| {t} | the rest (rewards, batch, advantages, logging) | | {rest:.2f} | "
-                     f"{rest / x['iteration_cpu_s']:.0%} | | |")
+            g = statistics.median(sum(u["gflop"][p] for p in parts) for u in ups)
+            s = statistics.median(sum(u["cpu_s"][p] for p in parts) for u in ups)
+            of = statistics.median(sum(u["cpu_s"][p] for p in parts) / u["iteration_cpu_s"] for u in ups)
+            lines.append(f"| {t} | {LABEL[k]} | {g:.1f} | {s:.2f} | {of:.0%} | {g / max(s, 1e-9):.1f} | "
+                         f"{x['share_of_peak'][k]:.0%} |")
+        rest = [u["iteration_cpu_s"] - sum(u["cpu_s"][p] for p in PHASES) for u in ups]
+        of = statistics.median(v / u["iteration_cpu_s"] for v, u in zip(rest, ups))
+        lines.append(f"| {t} | the rest (rewards, batch, advantages, logging) | | {statistics.median(rest):.2f} | "
+                     f"{of:.1%} | | |")
     one = r["threads"][ts[0]]
-    lines += ["", f"Medians of {r['rounds']} rounds; an update trained {one['train_rows']:.0f} distinct rows "
+    lines += ["", f"Medians of {r['rounds']} rounds (each column's own); an update trained {one['train_rows']:.0f} distinct rows "
                   f"({one['train_tokens']:.0f} tokens with each prompt once, padding excluded) and sampled "
                   f"{one['generated_tokens']:.0f} tokens; the whole update took {one['iteration_cpu_s']:.1f} CPU s "
                   f"at {ts[0]} thread (torch {r['torch']})."]

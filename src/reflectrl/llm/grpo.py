@@ -210,15 +210,11 @@ class GRPO(PolicyUpdate, Trainer):
         # message, which the kept cache spares prefilling again (a form with no earlier runs to reproduce)
         multi = bool(getattr(inner, "multi_turn", False)) or bool(getattr(self.task, "inline", False))
         implied = default_engine_options(cfg.engine, multi, self.policy.chat is not None and inner is not self.task)
-        given = cfg.engine_kwargs()
-        if unset := {k: v for k, v in implied.items() if k not in given}:  # config.json records what was used
-            self.cfg = cfg = dataclasses.replace(cfg, engine_options=(
-                *cfg.engine_options, *(f"{k}={str(v).lower()}" for k, v in unset.items())))
-        # the sampler's log-probs are asked for where they replace a no-grad pass: a batch that serves one optimizer
-        # step takes the update's own, detached, as the old ones
+        if unset := [f"{k}={str(v).lower()}" for k, v in implied.items() if k not in cfg.engine_kwargs()]:
+            self.cfg = cfg = dataclasses.replace(cfg, engine_options=(*cfg.engine_options, *unset))  # as config.json says
+        # the sampler's log-probs where they replace a no-grad pass (one optimizer step takes its own, detached)
         own = {"logprobs": True} if cfg.old_logp == "engine" and cfg.engine == "torch" and self._reuses_batch() else {}
-        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k,
-                                  **{**own, **cfg.engine_kwargs()})
+        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k, **{**own, **cfg.engine_kwargs()})
         if cfg.old_logp == "engine" and engine_logprobs(self.engine) is None and (own or cfg.engine != "torch"):
             raise ConfigError(f"--old-logp engine needs an engine that returns its log-probs (torch, vllm); "
                               f"--engine {cfg.engine} does not")

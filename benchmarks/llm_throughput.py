@@ -186,10 +186,12 @@ def worker_engines(a) -> dict:
     return {f"{k}_tokens_per_s": max(v) for k, v in out.items()}
 
 
-ARMS = {"reflectrl": ("reflectrl", "recompute", "padded"), "reflectrl_engine_logp": ("reflectrl", "engine", "padded"),
+ARMS = {"reflectrl": ("reflectrl", "auto", "auto"), "reflectrl_engine_logp": ("reflectrl", "engine", "padded"),
         "reflectrl_shared_prompt": ("reflectrl", "engine", "shared-prompt"), "trl": ("trl", None, None),
         "engines": ("engines", None, None)}
-"""Per arm: its worker and, for reflectrl's, its --old-logp and --attention."""
+"""Per arm: its worker and, for reflectrl's, its --old-logp and --attention (auto: the trainer's defaults, which for a
+chat model are the sampler's log-probs and the shared prompt; for a tiny model recompute and padded, as every run
+before them was timed)."""
 
 
 def spawn(arm: str, a, tmp: str) -> dict:
@@ -264,8 +266,8 @@ def main() -> None:
                     help="also time reflectrl with --old-logp engine in every round (after reflectrl, before TRL)")
     ap.add_argument("--shared-prompt", action="store_true",
                     help="also time reflectrl with --old-logp engine --attention shared-prompt in every round")
-    ap.add_argument("--old-logp", default="recompute", choices=["recompute", "engine"], help=argparse.SUPPRESS)
-    ap.add_argument("--attention", default="padded", help=argparse.SUPPRESS)
+    ap.add_argument("--old-logp", default="auto", choices=["auto", "recompute", "engine"], help=argparse.SUPPRESS)
+    ap.add_argument("--attention", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="write the result JSON here too")
     ap.add_argument("--json-out", default=None, help="and to this file (e.g. benchmarks/results/NAME.json)")
     ap.add_argument("--recompute", type=Path, default=None, metavar="JSON",

@@ -50,6 +50,14 @@ LLM = {"grpo": [], "drgrpo": [], "dapo": [], "refgrpo": ["--max-new-tokens", "10
 LLM_ARGS = ["--task", "golden-arith", "--updates", "3", "--prompts-per-update", "4", "--group-size", "4",
             "--max-new-tokens", "6", "--learning-rate", "1e-3", "--seed", "2", "--gen-batch", "8",
             "--reward-workers", "0", "--minibatches", "2"]
+REAL_ARGS = ["--model", "smollm2-135m-instruct", "--task", "arith", "--set", "ops=+", "--lora-r", "16",
+             "--prompts-per-update", "8", "--grad-accum", "4", "--threads", "1", "--updates", "3", "--seed", "3",
+             "--reward-workers", "0"]
+REAL = {"real-grpo": ["--algo", "grpo"],
+        "real-rlcr": ["--algo", "rlcr", "--prompts-per-update", "2"]}
+"""The real model's golden runs (SmolLM2-135M-Instruct, LoRA 16, 3 updates, one thread; slow: ``tests/llm/
+test_real_golden.py``). They are compared within tolerances, not bit for bit: the defaults that follow from a chat
+model may change their numbers within float32 rounding (and what sampling makes of it)."""
 ALGO_NAME = {"gear-seed-rank": "gear-seed", "llm-refgrpo-seed": "refgrpo-seed", "llm-gear-seed": "gear-seed",
              "llm-exgrpo-seed": "exgrpo-seed", "refgrpo-balanced": "refgrpo", "rlcr-rank": "rlcr"}
 
@@ -101,7 +109,9 @@ def run(name: str, tmp: Path) -> list[dict[str, Any]]:
 
     run_dir = tmp / name
     common = ["--run-dir", str(run_dir), "--no-progress", "--no-tensorboard"]
-    if name in LLM:
+    if name in REAL:
+        argv = ["llm", "train", *REAL_ARGS, *REAL[name], *common, "--no-export-model", "--sample-interval", "0"]
+    elif name in LLM:
         model = tiny_model(tmp, SELF_REPORT.get(name, "off"))
         argv = ["llm", "train", "--algo", ALGO_NAME.get(name, name), "--model", str(model), *LLM_ARGS, *LLM[name], *common,
                 "--no-export-model", "--sample-interval", "0"]
@@ -153,6 +163,8 @@ def dump(names: list[str], out: Path) -> None:
 
 
 SETS = {"": HERE, "amx": HERE / "amx"}
+ALL = [*NAMES, *REAL]
+"""Every run ``--record`` and ``--dump`` know; ``--record`` alone records :data:`NAMES` (the real ones by name)."""
 """The recorded sets: name -> folder (``""``: this folder)."""
 
 
@@ -213,6 +225,8 @@ if __name__ == "__main__":
         if target not in SETS:
             sys.exit(f"unknown set {target!r}; the sets are {', '.join(repr(k) for k in SETS)}")
     which = args or NAMES
+    if unknown := [n for n in which if n not in ALL]:
+        sys.exit(f"unknown golden run(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
     SETS[target].mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
         for name in which:

@@ -149,18 +149,21 @@ class GRPOConfig(RunOptions):
     others register."""
     engine_options: tuple[str, ...] = ()
     """Keyword arguments of the engine as KEY=VALUE. torch: reuse_cache (keep each row's keys and values between
-    turns; on by default on multi-turn tasks), append_cache (append the KV cache in place), lean_step (the lean
+    turns; on by default on multi-turn tasks and, with a chat model, for an asked self-report turn), append_cache (append the KV cache in place), lean_step (the lean
     one-token step on Llama-architecture models; the same logits bit for bit), prune_frac (drop finished rows when
     they are this share of the batch); vllm: gpu_memory_utilization=0.5, enforce_eager=true, ... (docs/llm.md)."""
     tis_cap: float | None = 2.0
     """Truncated importance sampling when the engine returns its log-probs (vllm): each token's policy-loss term
     is multiplied by min(exp(logp_trainer - logp_engine), tis_cap); None turns it off (the gap is still logged)."""
-    old_logp: Literal["recompute", "engine"] = "recompute"
+    old_logp: Literal["auto", "recompute", "engine"] = "auto"
     """The old log-probs of the policy loss's ratio (when the batch is used for more than one optimizer step):
     recompute: a no-grad pass of the trainer's model over the batch before the update; engine: the log-probs the
     generation engine drew each token with (the torch engine computes them beside the draw, vllm returns them), so
     that pass is not run: the same tokens, log-probs equal within float rounding on the torch engine, and no
-    importance correction (the engine's log-probs are the behaviour policy's). Takes --top-k 0."""
+    importance correction (the engine's log-probs are the behaviour policy's). Takes --top-k 0. auto: engine for a
+    chat model on the torch engine at --top-k 0, else recompute (config.json records which). Where the batch serves
+    one optimizer step (one minibatch, one epoch) neither runs a pass or asks the torch engine for its log-probs:
+    the old log-probs are the update's own, detached."""
     gen_batch: int = 128
     """Rows generated together (larger is faster per token); rewards of one chunk are computed while the
     next generates."""
@@ -177,11 +180,12 @@ class GRPOConfig(RunOptions):
     """Greedy held-out accuracy every this many updates (0: never)."""
     eval_problems: int = 200
     """Held-out problems in that evaluation."""
-    attention: Literal["padded", "causal", "shared-prompt"] = "padded"
+    attention: Literal["auto", "padded", "causal", "shared-prompt"] = "auto"
     """The training forward's layout (and the old-log-prob, reference and teacher passes): padded (left-padded prompts
     under an attention mask), causal (each row's tokens moved to its start, right-padded, under the plain causal kernel) or
     shared-prompt (each distinct prompt of a micro-batch run once, forward and backward, and the responses on its
-    keys and values): the same log-probs up to float32 rounding (docs/llm.md, "The trainer")."""
+    keys and values): the same log-probs up to float32 rounding (docs/llm.md, "The trainer"). auto: shared-prompt for
+    a chat model, else padded (config.json records which)."""
     eval_split: Literal["heldout", "validation"] = "heldout"
     """The split of that evaluation: validation when its numbers choose anything (a recipe, a coefficient, when to
     stop), so that heldout problems give final numbers only."""
@@ -223,7 +227,19 @@ class GRPOConfig(RunOptions):
         per_turn = self.max_new_tokens or default_new_tokens(task, self.self_report, chat=chat)
         budget = self.max_response_tokens or task_response_budget(task, per_turn, turns, chat)
         return dataclasses.replace(self, max_turns=turns, max_new_tokens=per_turn, max_response_tokens=budget,
-                                   norm_len=self.norm_len or budget)
+                                   norm_len=self.norm_len or budget, **self.fast_paths(chat))
+
+    def fast_paths(self, chat: bool) -> dict[str, str]:
+        """``attention`` and ``old_logp`` where they are auto: the fast paths for a chat model (the shared-prompt
+        layout; the sampler's log-probs on the torch engine at --top-k 0), which compute the numbers of the plain ones
+        within float32 rounding; the plain ones (padded, recompute) otherwise, so that the tiny models' runs
+        reproduce bit for bit (docs/llm.md, "Defaults")."""
+        out = {}
+        if self.attention == "auto":
+            out["attention"] = "shared-prompt" if chat else "padded"
+        if self.old_logp == "auto":
+            out["old_logp"] = "engine" if chat and self.engine == "torch" and self.top_k == 0 else "recompute"
+        return out
 
     def budget_schedules(self) -> list[str]:
         """The enabled settings whose values follow ``updates`` (see :func:`reflectrl.trainer.extend_budget`);
@@ -284,7 +300,7 @@ class GRPOConfig(RunOptions):
             (self.max_gen_batches >= 0, f"--max-gen-batches must be >= 0 (0: no limit), got {self.max_gen_batches}"),
             (self.max_gen_batches == 1 or self.filter_zero_std,
              "--max-gen-batches refills the groups --filter-zero-std leaves out: give --filter-zero-std too"),
-            (self.old_logp == "recompute" or self.top_k == 0,
+            (self.old_logp != "engine" or self.top_k == 0,
              "--old-logp engine takes --top-k 0 (the trainer's log-probs are over the whole vocabulary)"),
             (self.tis_cap is None or self.tis_cap >= 1,
              f"--tis-cap must be >= 1 (the cap of the importance weight), or None to turn it off; got {self.tis_cap}"),

@@ -274,12 +274,14 @@ def check_engine(name: str) -> None:
         raise ConfigError(why)
 
 
-def default_engine_options(name: str, several_turns: bool) -> dict[str, Any]:
+def default_engine_options(name: str, several_turns: bool, chat_report: bool = False) -> dict[str, Any]:
     """The trainer's engine options unless ``--engine-options`` says otherwise: the torch engine keeps each row's KV
     cache between the turns of an episode (``reuse_cache``) on a multi-turn task, and for an inline report's turn (it
-    continues the answer's message). A single-turn task's asked self-report turn keeps re-prefilling unless asked,
-    so that the results trained that way reproduce (docs/llm.md)."""
-    return {"reuse_cache": True} if name == "torch" and several_turns else {}
+    continues the answer's message); with a chat model, for an asked self-report turn too (``chat_report``: the
+    question is prefilled on the answer's kept keys and values, the logits equal within float32 rounding). A tiny
+    model's asked self-report turn keeps re-prefilling unless asked, so that its golden runs and the results trained
+    that way reproduce bit for bit (docs/llm.md)."""
+    return {"reuse_cache": True} if name == "torch" and (several_turns or chat_report) else {}
 
 
 def make_engine(name: str, policy: Policy, temperature: float = 1.0, top_k: int = 0,

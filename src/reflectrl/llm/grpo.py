@@ -209,16 +209,24 @@ class GRPO(PolicyUpdate, Trainer):
         # the task's own turns (an asked self-report turn aside); an inline report's turn continues the answer's own
         # message, which the kept cache spares prefilling again (a form with no earlier runs to reproduce)
         multi = bool(getattr(inner, "multi_turn", False)) or bool(getattr(self.task, "inline", False))
-        own = {"logprobs": True} if cfg.old_logp == "engine" and cfg.engine == "torch" else {}
-        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k,
-                                  **{**default_engine_options(cfg.engine, multi), **own, **cfg.engine_kwargs()})
-        if cfg.old_logp == "engine" and engine_logprobs(self.engine) is None:
+        implied = default_engine_options(cfg.engine, multi, self.policy.chat is not None and inner is not self.task)
+        if unset := [f"{k}={str(v).lower()}" for k, v in implied.items() if k not in cfg.engine_kwargs()]:
+            self.cfg = cfg = dataclasses.replace(cfg, engine_options=(*cfg.engine_options, *unset))  # as config.json says
+        # the sampler's log-probs where they replace a no-grad pass (one optimizer step takes its own, detached)
+        own = {"logprobs": True} if cfg.old_logp == "engine" and cfg.engine == "torch" and self._reuses_batch() else {}
+        self.engine = make_engine(cfg.engine, self.policy, cfg.temperature, cfg.top_k, **{**own, **cfg.engine_kwargs()})
+        if cfg.old_logp == "engine" and engine_logprobs(self.engine) is None and (own or cfg.engine != "torch"):
             raise ConfigError(f"--old-logp engine needs an engine that returns its log-probs (torch, vllm); "
                               f"--engine {cfg.engine} does not")
         self.rollout = Rollout(self.policy, self.engine, self.task, cfg.max_new_tokens, cfg.max_turns,
                                cfg.max_response_tokens, cfg.gen_batch, cfg.reward_workers, reward_cache=cfg.reward_cache,
                                batch_scoring=cfg.sandbox_batch > 1)
         self.adv_fn = get_adv_est(cfg.adv_estimator)
+
+    def _reuses_batch(self) -> bool:
+        """Whether the update needs old log-probs other than its own: the batch serves more than one optimizer step,
+        or a method or hook reads them."""
+        return self.cfg.ppo_epochs * self.cfg.minibatches > 1 or "old_logp" in self.needs
 
     def _check_distributed(self) -> None:
         """Under torchrun: refuse what would differ between the processes; give every process rank 0's weights."""
@@ -251,7 +259,7 @@ class GRPO(PolicyUpdate, Trainer):
         """The no-grad pass before the update: old log-probs (if the batch is reused), reference
         log-probs (KL), the critic's values and the features / entropies methods and hooks asked for."""
         cfg = self.cfg
-        want_old = cfg.ppo_epochs * cfg.minibatches > 1 or "old_logp" in self.needs or ENGINE_LOGP in batch.extras
+        want_old = self._reuses_batch() or ENGINE_LOGP in batch.extras
         if cfg.old_logp == "engine" and ENGINE_LOGP in batch.extras:  # the sampler's own: no pass for them
             if want_old:
                 batch.old_logp = batch.extras[ENGINE_LOGP][:, :batch.steps].clone()

@@ -149,9 +149,10 @@ class GRPOConfig(RunOptions):
     others register."""
     engine_options: tuple[str, ...] = ()
     """Keyword arguments of the engine as KEY=VALUE. torch: reuse_cache (keep each row's keys and values between
-    turns; on by default on multi-turn tasks and, with a chat model, for an asked self-report turn), append_cache (append the KV cache in place), lean_step (the lean
-    one-token step on Llama-architecture models; the same logits bit for bit), prune_frac (drop finished rows when
-    they are this share of the batch); vllm: gpu_memory_utilization=0.5, enforce_eager=true, ... (docs/llm.md)."""
+    turns; on by default on multi-turn tasks and, with a chat model, for an asked self-report turn), append_cache
+    (append the KV cache in place), lean_step (the lean one-token step on Llama-architecture models; the same logits
+    bit for bit), prune_frac (drop finished rows when they are this share of the batch); vllm:
+    gpu_memory_utilization=0.5, enforce_eager=true, ... (docs/llm.md)."""
     tis_cap: float | None = 2.0
     """Truncated importance sampling when the engine returns its log-probs (vllm): each token's policy-loss term
     is multiplied by min(exp(logp_trainer - logp_engine), tis_cap); None turns it off (the gap is still logged)."""

@@ -37,7 +37,8 @@ def cmd_train(argv: list[str]) -> int:
     from .util import config_from_flags, print_json, resume_from_cli
 
     front, rest = _train_front(argv)
-    if "-h" in rest or "--help" in rest:
+    asked_help = "-h" in rest or "--help" in rest
+    if asked_help and front.resume is not None:
         print(TRAIN_HEADER.format(algos="|".join(algo_names("control"))))
     if front.resume is not None:
         trainer = resume_from_cli(front.resume, rest, "control", front.algo, front.preset)
@@ -53,6 +54,11 @@ def cmd_train(argv: list[str]) -> int:
                 raise ConfigError(f"preset {front.preset!r} sets {', '.join(unknown)}, which --algo {algo.name} "
                                   "does not have; presets are for the PPO-family algos")
             default = algo.config_cls(**PRESETS[front.preset])
+        if asked_help:
+            from .train_help import control_train_help
+
+            print(control_train_help(algo, default, algo_names("control"), sorted(PRESETS)))
+            return 0
         trainer = algo.make(config_from_flags(default, rest, f"reflectrl train --algo {algo.name}", "control"))
     print_json(trainer.learn())
     return 0

@@ -1,4 +1,5 @@
-"""How long does the main job take? Runs ``reflectrl demo --out OUT`` and writes its wall time.
+"""How long does the main job take? Runs ``reflectrl demo --out OUT`` and writes its wall time, with what its LLM half
+showed (the real model's held-out accuracy and calibration before and after, from ``OUT/llm/summary.json``).
 
     python benchmarks/demo_time.py --out runs/demo_timing --json-out benchmarks/results/demo_time.json
 """
@@ -27,6 +28,9 @@ def main() -> None:
                         env={**os.environ, "HF_HUB_OFFLINE": "1"}).returncode
     res = {"benchmark": "demo_time", "rc": rc, "wall_s": round(time.perf_counter() - t0, 1), "cpus": os.cpu_count(),
            "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "command": "reflectrl demo"}
+    summary = a.out / "llm" / "summary.json"
+    if summary.is_file():
+        res["llm"] = json.loads(summary.read_text())
     print(json.dumps(res))
     if a.json_out:
         a.json_out.write_text(json.dumps(res, indent=2) + "\n")

@@ -513,3 +513,9 @@ def test_a_config_field_without_a_docstring_is_a_flag_without_help(monkeypatch):
 
     text = train_help.control_train_help(Algo(), Undocumented(), ["ppo"], [])
     assert "--bare-knob" in _flags_without_help(text) and "--clip-coef" not in _flags_without_help(text)
+
+
+def test_demo_refuses_empty_budgets_before_it_trains(capsys):
+    for argv in (["--llm-problems", "0"], ["--llm-updates", "-1"], ["--threads", "0"]):
+        assert main(["demo", *argv, "--out", "unused"]) == 2
+        assert "error: --llm-updates must be >= 0" in capsys.readouterr().err

@@ -77,6 +77,7 @@ def measure(cwd: Path) -> dict[str, Any]:
     trains = [i for i, c in enumerate(commands) if c.split()[1:3] == ["llm", "train"]]
     assert len(evals) == 2 and len(trains) == 1 and evals[0] < trains[0] < evals[1], (
         "the block should evaluate, train, then evaluate again", commands)
+    load_before = os.getloadavg()[0]
     outputs = [run(c, cwd) for c in commands]
     keep = ("n", "accuracy", "ci", "ece", "auroc", "mean_confidence", "brier")
     before, after = (last_json(outputs[i][0]) for i in evals)
@@ -86,6 +87,7 @@ def measure(cwd: Path) -> dict[str, Any]:
     minutes = outputs[trains[0]][1] / 60
     return {"benchmark": "readme_llm", "commands": commands, "json_added_to": [commands[i] for i in evals],
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"),
+            "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "before": {k: before.get(k) for k in keep}, "after": {k: after.get(k) for k in keep},
             "gain": a - b, "gain_ci": [lo, hi], "updates": train["updates"],
             "train_cpu_s_process": outputs[trains[0]][1], "train_cpu_s_trainer": train["cpu_s"],
@@ -119,7 +121,10 @@ def render() -> None:
               f"{auroc(b)} / {auroc(f)} | {verdict} |")
         print(f"\nCommands (README.md now, `--json` added to each `llm eval`, OMP_NUM_THREADS={r['omp_num_threads']}): "
               + "; ".join(f"`{c}`" for c in r["commands"]))
-        print(f"\nThe training's wall time was {r['train_wall_s'] / 60:.1f} minutes; the two evaluations took "
+        load = r.get("load_average_1min")
+        print(f"\nThe training's wall time was {r['train_wall_s'] / 60:.1f} minutes"
+              + (f" (the machine's load average {load[0]:.1f} at the start, {load[1]:.1f} at the end)" if load else "")
+              + "; wall time depends on what else the machine runs, CPU time hardly; the two evaluations took "
               + " and ".join(f"{s / 60:.1f}" for s in r["eval_cpu_s"]) + " CPU-minutes.")
     rows = [(label, RESULT.with_name(name)) for label, name in TINY if RESULT.with_name(name).is_file()]
     if not rows:

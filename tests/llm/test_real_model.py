@@ -220,3 +220,20 @@ def test_a_named_model_run_stopped_by_sigint_resumes_from_another_folder(model_d
     b = behaviour(read_metrics(tmp_path / "b" / "whole" / "metrics.jsonl"))
     assert len(a) == 6 and a == b
     assert (tmp_path / "a" / "cut" / "samples.jsonl").read_text() == (tmp_path / "b" / "whole" / "samples.jsonl").read_text()
+
+
+def test_the_demo_shows_the_real_model_before_and_after(model_dir, tmp_path, capsys):
+    """``reflectrl demo``'s LLM half, shrunk to one update and two problems: both evaluations with the inline
+    confidence, the recipe's run, and the summary side by side."""
+    from reflectrl.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--skip-control", "--llm-updates", "1", "--llm-problems", "2", "--threads", "1",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "before:" in text and "after:" in text and "points [95% interval" in text
+    s = json.loads((out / "llm" / "summary.json").read_text())
+    assert s["recipe"] == "real-arith" and s["before"]["n"] == s["after"]["n"] == 2 and s["updates"] == 1
+    assert s["before"]["confidence_missing_rate"] <= 0.5 and s["gain"] == s["after"]["accuracy"] - s["before"]["accuracy"]
+    cfg = json.loads((out / "llm" / "grpo" / "config.json").read_text())
+    assert cfg["task_options"] == ["ops=+"] and cfg["lora_r"] == 16

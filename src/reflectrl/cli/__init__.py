@@ -1,4 +1,4 @@
-"""The ``reflectrl`` command line: train, eval, presets, sandbox, demo.
+"""The ``reflectrl`` command line: train, eval, presets, sandbox, compare, plot, llm, tasks, calibration, demo.
 
 Every error a user can cause ends in one ``error: ...`` line on stderr and exit status 2.
 """
@@ -9,7 +9,6 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 from ..errors import ConfigError
 from .util import check_seed, run_command
@@ -37,7 +36,8 @@ def cmd_train(argv: list[str]) -> int:
     from .util import config_from_flags, print_json, resume_from_cli
 
     front, rest = _train_front(argv)
-    if "-h" in rest or "--help" in rest:
+    asked_help = "-h" in rest or "--help" in rest
+    if asked_help and front.resume is not None:
         print(TRAIN_HEADER.format(algos="|".join(algo_names("control"))))
     if front.resume is not None:
         trainer = resume_from_cli(front.resume, rest, "control", front.algo, front.preset)
@@ -53,6 +53,11 @@ def cmd_train(argv: list[str]) -> int:
                 raise ConfigError(f"preset {front.preset!r} sets {', '.join(unknown)}, which --algo {algo.name} "
                                   "does not have; presets are for the PPO-family algos")
             default = algo.config_cls(**PRESETS[front.preset])
+        if asked_help:
+            from .train_help import control_train_help
+
+            print(control_train_help(algo, default, algo_names("control"), sorted(PRESETS)))
+            return 0
         trainer = algo.make(config_from_flags(default, rest, f"reflectrl train --algo {algo.name}", "control"))
     print_json(trainer.learn())
     return 0
@@ -111,55 +116,8 @@ def _delegate(module: str, func: str = "main"):
     return run
 
 
-DEMO_TASK = ("digits=1", "n_train=200", "n_heldout=100")  # one-digit arithmetic: a tiny model learns it in minutes
-
-
-def cmd_demo(argv: list[str]) -> int:
-    """``reflectrl demo``: ppo, refgrpo-seed and gear-seed on LunarLander-v3 (its tuned preset), then grpo against
-    rlcr on a tiny language model (one-digit arithmetic, a stated confidence after each answer)."""
-    ap = argparse.ArgumentParser(prog="reflectrl demo", description=cmd_demo.__doc__)
-    ap.add_argument("--total-timesteps", type=int, default=300_000, help="steps per control run (default 300000)")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
-    ap.add_argument("--workers", type=int, default=2, help="runs at a time (default 2)")
-    ap.add_argument("--llm-updates", type=int, default=80, help="updates per LLM run (default 80; 0 skips the LLM part)")
-    ap.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    args = ap.parse_args(argv)
-    from ..experiments.compare import main as compare_main
-
-    rc = compare_main([
-        "--methods", "ppo", "refgrpo-seed", "gear-seed", "--env-ids", "LunarLander-v3",
-        "--seeds", str(args.seeds), "--total-timesteps", str(args.total_timesteps), "--out", args.out,
-        "--workers", str(args.workers), "--extra", "--preset", "LunarLander-v3",
-    ])
-    if rc != 0 or args.llm_updates <= 0:
-        return rc
-    return _demo_llm(Path(args.out) / "llm", args.seeds, args.workers, args.llm_updates)
-
-
-def _demo_llm(out: Path, seeds: int, workers: int, updates: int) -> int:
-    """A tiny model (built once, warmed up with self-reports), then ``reflectrl llm compare`` of grpo and rlcr."""
-    from ..experiments.llm_compare import main as llm_compare_main
-    from ..llm.tiny import init_tiny
-    from ..llm.warmup import WarmupConfig, warmup
-
-    model = out / "model"
-    if not (model / "warmup.json").is_file():
-        print("building a tiny model: init-tiny and a short warm-up with self-reports", flush=True)
-        tiny = init_tiny(out / "tiny", layers=2, width=64, heads=4, max_positions=128, seed=0, force=True)
-        warmup(WarmupConfig(model=str(tiny), task="arith", task_options=DEMO_TASK, out=str(model), steps=300,
-                            batch_size=32, learning_rate=3e-3, self_report="both", progress=False, force=True))
-    rc = llm_compare_main([
-        "--methods", "grpo", "rlcr", "--tasks", "arith", "--seeds", str(seeds), "--updates", str(updates),
-        "--model", str(model), "--out", str(out / "cmp"), "--workers", str(workers), "--eval-limit", "100",
-        "--bootstrap-reps", "1000", "--extra", "--set", DEMO_TASK[0], "--set", DEMO_TASK[1], "--set", DEMO_TASK[2],
-        "--prompts-per-update", "16", "--group-size", "8", "--learning-rate", "1e-3", "--minibatches", "2",
-    ])
-    print(f"LLM comparison: {out / 'cmp' / 'report.md'} (reliability diagram: {out / 'cmp' / 'reliability_arith.png'})")
-    return rc
-
-
 COMMANDS = {
-    "train": cmd_train, "eval": cmd_eval, "presets": cmd_presets, "sandbox": cmd_sandbox, "demo": cmd_demo,
+    "train": cmd_train, "eval": cmd_eval, "presets": cmd_presets, "sandbox": cmd_sandbox, "demo": _delegate("reflectrl.cli.demo"),
     "compare": _delegate("reflectrl.experiments.compare", "main"),
     "plot": _delegate("reflectrl.experiments.compare", "plot_main"),
     "llm": _delegate("reflectrl.cli.llm"), "tasks": _delegate("reflectrl.cli.tasks"),
@@ -179,7 +137,8 @@ commands:
   tasks     verifiable tasks: list, show, validate
   calibration  calibration of self-reports from any trainer's rows (JSON lines): metrics, reliability diagram,
                abstention threshold
-  demo      ppo, refgrpo-seed, gear-seed on LunarLander-v3, then grpo against rlcr on a tiny language model
+  demo      ppo, refgrpo-seed, gear-seed on LunarLander-v3, then the real model's held-out accuracy and
+            confidence before and after a few GRPO updates with LoRA (reflectrl demo --help)
 """
 
 

@@ -35,8 +35,8 @@ ARMS = {"before": ["--attention", "padded", "--old-logp", "recompute"], "now": [
 def trainer(arm: str, a: argparse.Namespace, tmp: str) -> Any:
     from reflectrl.algos import config_for_algo
     from reflectrl.cli.util import config_from_flags
+    from reflectrl.experiments.recipes import train_recipe
     from reflectrl.llm.grpo import GRPO
-    from reflectrl.llm.recipes import train_recipe
 
     r = train_recipe("real-arith")
     flags = list(r.flags)

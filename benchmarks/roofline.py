@@ -186,8 +186,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from reflectrl.cli.util import config_from_flags
+    from reflectrl.experiments.recipes import train_recipe
     from reflectrl.llm.grpo import GRPO
-    from reflectrl.llm.recipes import train_recipe
 
     recipe = train_recipe("real-arith")
     tmp = tempfile.mkdtemp(prefix="roofline-")

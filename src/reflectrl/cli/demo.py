@@ -74,7 +74,7 @@ def demo_llm(out: Path, updates: int, problems: int, threads: int) -> int:
     import torch
 
     from ..eval.stats import difference_of_proportions_ci
-    from ..llm.recipes import train_recipe
+    from ..experiments.recipes import train_recipe
     from ..runlog import strict
     from .eval_report import summary_lines
     from .llm import main as llm_main

@@ -1,6 +1,7 @@
 """A reasoning-gym generator trains the real model: GRPO with LoRA for one CPU-hour, held-out accuracy before and after.
 
     python benchmarks/rgym_learn.py run [--cpu-seconds 3600] [--seed 1]
+    python benchmarks/rgym_learn.py progress        # a training under way, as far as it got
     python benchmarks/rgym_learn.py --render rgym_learn.json
 
 ``run``: 1. the base SmolLM2-135M-Instruct, greedy, on the first 60 *validation* problems of each candidate
@@ -110,7 +111,15 @@ def train(dataset: str, options: tuple[str, ...], chat: str, root: Path, seed: i
     config = json.loads((run / "config.json").read_text())
     settings = {k: config.get(k) for k in ("learning_rate", "group_size", "prompts_per_update", "temperature", "lora_r",
                                            "max_new_tokens", "attention", "threads")}
-    return {"settings": settings, "resumed_after_cpu_s": resumed, **dynamics(run / "metrics.jsonl")}
+    return {"settings": settings, "resumed_after_cpu_s": resumed, **cpu_and_dynamics(run / "metrics.jsonl")}
+
+
+def cpu_and_dynamics(metrics: Path) -> dict:
+    """real_model's dynamics (its seconds_per_update is wall time, which a busy machine stretches) and the CPU
+    seconds the updates recorded (``time/cpu_iteration``), which it does not."""
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    cpu = sum(r.get("time/cpu_iteration", 0.0) for r in rows)
+    return {**dynamics(metrics), "cpu_seconds": cpu, "cpu_seconds_per_update": cpu / max(1, len(rows))}
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -152,6 +161,17 @@ def run(a: argparse.Namespace) -> dict:
     return result
 
 
+def progress(a: argparse.Namespace) -> dict:
+    """A training still under way, as far as it got (its metrics.jsonl), written into the results file beside the
+    stages already done: for a partial result, not a final one."""
+    out = results_file(a.out)
+    result = json.loads(out.read_text())
+    metrics = Path(a.runs) / result["chosen"] / "run" / "metrics.jsonl"
+    result["progress"] = cpu_and_dynamics(metrics)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return result["progress"]
+
+
 # ------------------------------------------------------------------------------------------------ rendering
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
@@ -186,8 +206,13 @@ def render(paths: list[str]) -> str:
             plo, phi = r["paired_t_ci"]
             lines.append(f"| trained | {after['n']} | {_pct(after['accuracy'])} [{_pct(after['ci'][0])}, "
                          f"{_pct(after['ci'][1])}] | {100 * r['gain']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | "
-                         f"[{100 * plo:+.1f}, {100 * phi:+.1f}] | {t['updates']} | {t['seconds_per_update']:.1f} | "
+                         f"[{100 * plo:+.1f}, {100 * phi:+.1f}] | {t['updates']} | {t['cpu_seconds_per_update']:.1f} | "
                          f"{_pct(t['train_accuracy_first10'])} → {_pct(t['train_accuracy_last10'])} |")
+        elif t is None and "progress" in r:
+            p = r["progress"]
+            lines.append(f"| (training, not finished: {p['cpu_seconds']:.0f} of {r['cpu_seconds_budget']:g} CPU-s) | "
+                         f"| | | | {p['updates']} | {p['cpu_seconds_per_update']:.1f} | "
+                         f"{_pct(p['train_accuracy_first10'])} → {_pct(p['train_accuracy_last10'])} |")
         elif t is None:
             lines.append("| trained | – | (the training has not finished) | | | | | |")
         lines += ["", "Commands: `python benchmarks/rgym_learn.py run` "
@@ -205,11 +230,16 @@ def main() -> None:
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--runs", default="runs/rgym", help="where the stages are kept")
     r.add_argument("--out", default="rgym_learn.json", help="results file (a name in benchmarks/results/)")
+    pr = sub.add_parser("progress", help="a training under way, as far as it got, into the results file")
+    pr.add_argument("--runs", default="runs/rgym")
+    pr.add_argument("--out", default="rgym_learn.json")
     a = ap.parse_args()
     if a.render:
         print(render(a.render))
     elif a.cmd == "run":
         print(json.dumps(run(a)))
+    elif a.cmd == "progress":
+        print(json.dumps(progress(a)))
     else:
         ap.error("give run or --render")
 

@@ -168,6 +168,23 @@ def progress(a: argparse.Namespace) -> dict:
     result = json.loads(out.read_text())
     metrics = Path(a.runs) / result["chosen"] / "run" / "metrics.jsonl"
     result["progress"] = cpu_and_dynamics(metrics)
+    if a.eval:  # the latest checkpoint, copied (the training goes on writing its own), on the held-out problems
+        import shutil
+
+        run = metrics.parent
+        copy = run.parent / f"interim_u{result['progress']['updates']}"
+        if not copy.exists():
+            shutil.copytree(run, copy, ignore=shutil.ignore_patterns("tb", ".*"))
+        from safetensors import safe_open
+
+        with safe_open(str(copy / "checkpoint.safetensors"), "pt") as f:  # the update it holds (saved every 10)
+            update = int(json.loads(next(iter(f.metadata().values())))["update"])
+        rows = [json.loads(x) for x in (copy / "metrics.jsonl").read_text().splitlines() if x.strip()][:update]
+        c = result["candidates"][result["chosen"]]
+        after = evaluate(str(copy), c["dataset"], tuple(c["options"]), c["chat"], "heldout", copy / "after.out",
+                         transcripts=copy / "after.jsonl")
+        result["interim"] = {"updates": update, "cpu_seconds": sum(r.get("time/cpu_iteration", 0.0) for r in rows),
+                             "after": after, **gain(result["before"], after, None)}
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result["progress"]
 
@@ -208,7 +225,13 @@ def render(paths: list[str]) -> str:
                          f"{_pct(after['ci'][1])}] | {100 * r['gain']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | "
                          f"[{100 * plo:+.1f}, {100 * phi:+.1f}] | {t['updates']} | {t['cpu_seconds_per_update']:.1f} | "
                          f"{_pct(t['train_accuracy_first10'])} → {_pct(t['train_accuracy_last10'])} |")
-        elif t is None and "progress" in r:
+        if t is None and "interim" in r:
+            i, ia = r["interim"], r["interim"]["after"]
+            lo, hi = i["newcombe_ci"]
+            lines.append(f"| interim: the checkpoint of update {i['updates']} ({i['cpu_seconds']:.0f} CPU-s) | "
+                         f"{ia['n']} | {_pct(ia['accuracy'])} [{_pct(ia['ci'][0])}, {_pct(ia['ci'][1])}] | "
+                         f"{100 * i['gain']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | | {i['updates']} | | |")
+        if t is None and "progress" in r:
             p = r["progress"]
             lines.append(f"| (training, not finished: {p['cpu_seconds']:.0f} of {r['cpu_seconds_budget']:g} CPU-s) | "
                          f"| | | | {p['updates']} | {p['cpu_seconds_per_update']:.1f} | "
@@ -233,6 +256,7 @@ def main() -> None:
     pr = sub.add_parser("progress", help="a training under way, as far as it got, into the results file")
     pr.add_argument("--runs", default="runs/rgym")
     pr.add_argument("--out", default="rgym_learn.json")
+    pr.add_argument("--eval", action="store_true", help="and the latest checkpoint on the held-out problems (interim)")
     a = ap.parse_args()
     if a.render:
         print(render(a.render))

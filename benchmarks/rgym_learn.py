@@ -238,6 +238,9 @@ def render(paths: list[str]) -> str:
                          f"{_pct(p['train_accuracy_first10'])} → {_pct(p['train_accuracy_last10'])} |")
         elif t is None:
             lines.append("| trained | – | (the training has not finished) | | | | | |")
+        verdict = ("not yet measured: the training has not finished" if "bar_met" not in r else
+                   "met" if r["bar_met"] else "not met")
+        lines += ["", f"The bar (the gain's Newcombe interval above 0 after the whole budget): {verdict}."]
         lines += ["", "Commands: `python benchmarks/rgym_learn.py run` "
                   f"(`--cpu-seconds {r['cpu_seconds_budget']:g} --seed {r['seed']}`); the held-out evaluation: `"
                   + (before["command"] if before else "") + "`"]

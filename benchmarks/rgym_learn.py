@@ -190,6 +190,9 @@ def progress(a: argparse.Namespace) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ rendering
+STATUS = {"before": "the training is under way", "trained": "trained, not yet evaluated", "done": "done"}
+
+
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
@@ -212,7 +215,7 @@ def render(paths: list[str]) -> str:
             continue
         before, after, t = r.get("before"), r.get("after"), r.get("training")
         lines += [f"Held-out ({r['chosen']}), greedy, before and after {r['cpu_seconds_budget']:g} CPU-s of GRPO "
-                  f"with LoRA (seed {r['seed']}; status: {r['status']}):", "",
+                  f"with LoRA (seed {r['seed']}; {STATUS.get(r['status'], r['status'])}):", "",
                   "| model | n | accuracy % [95% CI] | gain, points [Newcombe 95%] | paired t 95% | updates | "
                   "CPU-s/update | train acc. first 10 → last 10 |", "|---|---|---|---|---|---|---|---|"]
         if before:

@@ -2,6 +2,7 @@
 
     python examples/trl_rlcr.py --out runs/trl_rlcr                              # a tiny model reflectrl makes
     python examples/trl_rlcr.py --model smollm2-135m-instruct --lora-r 16 --out runs/trl_rlcr_smol
+    python examples/trl_rlcr.py --task data --set path=problems.jsonl --set checker=number --out runs/trl_data
 
 The prompts ask for the answer and a confidence in the same reply (``<confidence>P</confidence>``); the reward is
 RLCR's ``acc - (q - acc)^2`` (-2 without a confidence), scored by the task's own verifier (``--task``, default
@@ -9,8 +10,11 @@ arith; ``--set KEY=VALUE`` its options); the callback logs the calibration of th
 (``calibration/ece``, ``calibration/auroc``, ...) into
 ``trainer.state.log_history`` and ``OUT/calibration.jsonl``, and the completions they were computed from go to
 ``OUT/completions.jsonl`` (strict JSON, a confidence not stated as null: ``reflectrl calibration
-OUT/completions.jsonl`` reads it). The last line printed is a JSON list of the logged records. A model without a chat
-template gets raw prompts: warm it up to state the tag first (``reflectrl llm warmup --self-report inline``).
+OUT/completions.jsonl`` reads it, and on one step's rows gives the ECE logged for that step). A user's own file of
+questions and answers runs through ``--task data --set path=FILE --set checker=NAME`` (docs/data.md): its rows are
+the dataset, and the checker scores each completion against the row's answer. The last line printed is a JSON
+list of the logged records. A model without a chat template gets raw prompts: warm it up to state the tag first
+(``reflectrl llm warmup --self-report inline``).
 Sampling follows the model as reflectrl's trainer does (temperature 0.6 for a pretrained model, 1.0 for a tiny one;
 64 completion tokens for a pretrained model). A chat model gets the inline form (``--form inline``, its default): a
 base SmolLM2-135M-Instruct writes no tag from the instruction alone (BENCHMARKS.md, "The inline form"), so TRL's

@@ -229,6 +229,7 @@ SHRINK = {
     "tasks list": AS_WRITTEN,
     "tasks show": AS_WRITTEN,
     "tasks validate": lambda a: setflag(a, "--split", "heldout"),
+    "calibration": lambda a: setflag(a, "--reps", "20"),
     "sandbox capabilities": AS_WRITTEN,
 }
 PY_SHRINK = [(r"total_timesteps=[\d_]+", "total_timesteps=1024"), (r"\bupdates=[\d_]+", "updates=2")]

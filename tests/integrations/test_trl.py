@@ -262,3 +262,52 @@ def test_task_dataset_of_the_data_task(tmp_path):
     completions = ["2", "3 <confidence>0.5</confidence>", "#### 6"]
     assert by_id(completions=completions, problem_id=ds["problem_id"][1:4]) == \
         by_answer(completions=completions, answer=ds["answer"][1:4]) == [1.0, 0.0, 1.0]
+
+
+@pytest.fixture(scope="module")
+def users_file(tmp_path_factory):
+    """A user's JSON lines file of word problems (question, answer) and a tiny model warmed up on it to end its
+    answers with <confidence>q</confidence>."""
+    from reflectrl.llm.tiny import init_tiny
+    from reflectrl.llm.warmup import WarmupConfig, warmup
+
+    root = tmp_path_factory.mktemp("trl_data")
+    rng = np.random.default_rng(0)
+    rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in rng.integers(0, 10, (300, 2))]
+    path = root / "problems.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    options = (f"path={path}", "checker=number")
+    tiny = init_tiny(root / "tiny", layers=1, width=32, heads=2, max_positions=256, seed=0)
+    warmup(WarmupConfig(model=str(tiny), task="data", task_options=options, out=str(root / "warm"), steps=300,
+                        batch_size=32, learning_rate=3e-3, self_report="inline", progress=False))
+    return path, root / "warm"
+
+
+def test_the_example_on_a_users_jsonl_logs_what_reflectrl_calibration_reads(users_file, tmp_path, capsys):
+    """``--task data --set path=FILE``: TRL's GRPOTrainer runs rlcr_reward on the user's rows, and each step's logged
+    ECE (and accuracy, AUROC) equals ``reflectrl calibration`` on that step's dumped rows."""
+    path, warm = users_file
+    mod = runpy.run_path(str(ROOT / "examples" / "trl_rlcr.py"))
+    history = mod["main"](["--model", str(warm), "--steps", "3", "--out", str(tmp_path), "--task", "data", "--set",
+                           f"path={path}", "--set", "checker=number"])
+    assert [h["step"] for h in history] == [1, 2, 3]
+    kept = _strict_lines(tmp_path / "completions.jsonl")
+    task = get_task("data", path=str(path), checker="number")
+    answers = {p.id: p.answer for s in ("train", "validation", "heldout") for p in task.problems(s)}
+    assert all(r["problem_id"] in answers for r in kept) and len(kept) == 24
+    stated = 0
+    for h in history:
+        rows = [r for r in kept if r["step"] == h["step"]]
+        # the outcome is the checker's on the file's own answer, not a reward's echo
+        assert [r["acc"] for r in rows] == [task.check.score(r["completion"], answers[r["problem_id"]]) for r in rows]
+        step = R.write_records(tmp_path / f"step{h['step']}.jsonl", rows)
+        capsys.readouterr()
+        assert cli_main(["calibration", str(step), "--json", "--reps", "20"]) == 0
+        cal = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert cal["rows"] == h["calibration/completions"] == 8
+        assert cal["accuracy"] == pytest.approx(h["calibration/accuracy"])
+        stated += cal["ece"]["n"] or 0
+        for key in ("ece", "auroc", "brier"):
+            logged = h.get(f"calibration/{key}")
+            assert cal[key]["value"] == pytest.approx(logged) if logged is not None else cal[key]["value"] is None
+    assert stated > 0  # the warmed-up model states confidences: the ECE compared is not of empty reports

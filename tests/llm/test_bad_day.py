@@ -107,6 +107,23 @@ def test_eval_saves_transcripts_and_shows_progress(tiny_dir, tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_eval_transcripts_name_the_report_asked_even_where_the_episode_ended_first(tiny_dir, tmp_path, capsys):
+    """An episode whose answer spent the token budget ends before the report's turn: its transcript row still names
+    the report asked for, so ``reflectrl calibration`` reads it as missing (as the eval's own metrics do), not as a
+    row without a report."""
+    path = tmp_path / "episodes.jsonl"
+    assert main(["llm", "eval", str(tiny_dir), "--task", "arith", "--limit", "3", "--self-report", "both",
+                 "--max-new-tokens", "4", "--transcripts", str(path), "--json", "--no-progress"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 6 and all("self_report" in r["infos"][-1] for r in rows)
+    assert sorted(r["infos"][-1]["self_report"] for r in rows) == ["confidence"] * 3 + ["reflect"] * 3
+    assert main(["calibration", str(path), "--json", "--reps", "20"]) == 0
+    cal = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("reflection_missing_rate", "confidence_missing_rate"):
+        assert cal[key]["value"] == pytest.approx(res[key]), key
+
+
 def test_a_method_flag_on_another_algo_names_its_algo(tiny_dir, tmp_path, capsys):
     assert main([*TRAIN, "--algo", "grpo", "--model", str(tiny_dir), "--run-dir", str(tmp_path / "r"),
                  "--rlcr-credit", "split"]) == 2

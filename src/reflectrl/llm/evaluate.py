@@ -95,12 +95,13 @@ def evaluate_policy(policy: Policy, task: Task, split: str = "heldout", samples:
     with meter if own else contextlib.nullcontext():
         r = _roll_out(policy, ro, problems, per, greedy, torch.Generator().manual_seed(seed), gen_batch, transcripts,
                       meter)
-    if self_report in ("inline", "inline-reflect") and policy.chat is None:
-        # a raw-prompt model's inline report is its answer's own tag: the transcripts say it was asked for, so that a
-        # missing one reads as missing (reflectrl calibration), not as a row without a report
-        kind = "confidence" if self_report == "inline" else "reflect"
+    if self_report not in (None, "off"):
+        # every episode's last info names the report asked for, so that a missing one reads as missing (reflectrl
+        # calibration), not as a row without a report: a raw-prompt model's inline report is its answer's own tag,
+        # and an episode that spent its token budget on the answer ended before the report's turn
+        kind = "confidence" if self_report in ("inline", "confidence") else "reflect"
         for ep in r.kept:
-            if ep["infos"]:
+            if ep["infos"] and "self_report" not in ep["infos"][-1]:
                 ep["infos"] = [*ep["infos"][:-1], {**ep["infos"][-1], "self_report": kind}]
     out: dict[str, Any] = {"task": getattr(task, "name", None), "split": split, "n": len(problems),
                            "ci_level": confidence, "mean_score": float(r.scores.mean())}

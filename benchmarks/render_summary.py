@@ -297,8 +297,9 @@ def main() -> None:
     demo = load("demo_time.json")
     if demo and "llm" in demo:  # the demo whose LLM half is the real model (demo_time_earlier.json: the tiny one's)
         llm = demo["llm"]
-        busy_load = demo["load_average_1min"][0]
-        busy = f" shared with other work (load average {busy_load:.1f} at its start)" if busy_load > 0.5 * demo["cpus"] else ""
+        loads = demo["load_average_1min"]  # at its start and at its end
+        busy = (f" shared with other work (load average {loads[0]:.1f} at its start, {loads[-1]:.1f} at its end)"
+                if max(loads) > 0.5 * demo["cpus"] else "")
         cpu = f", {demo['cpu_s'] / 60:.1f} CPU-minutes" if "cpu_s" in demo else ""
         out.append(f"`make demo` took {demo['wall_s']:.0f} s on {demo['cpus']} cores{busy}{cpu}, after set-up, its real model "
                    f"going from {100 * llm['before']['accuracy']:.0f}% to {100 * llm['after']['accuracy']:.0f}% on "

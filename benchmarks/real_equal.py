@@ -97,8 +97,9 @@ def evaluation(model: str, split: str, limit: int, log: Path) -> dict[str, Any]:
 
 
 def start_of(a: argparse.Namespace, seed: int) -> str:
-    """The model a seed's arms start from: ``base``, or ``--start`` with ``{seed}`` filled in (each seed's own)."""
-    return "base" if a.start == "base" else str(Path(a.start.format(seed=seed)).resolve())
+    """The model a seed's arms start from: ``base``, or ``--start`` with ``{seed}`` filled in (each seed's own), as
+    given (a path relative to where the script runs stays relative in the recorded commands)."""
+    return "base" if a.start == "base" else a.start.format(seed=seed)
 
 
 def one(a: argparse.Namespace, arm: str, seed: int) -> None:

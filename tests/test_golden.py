@@ -7,9 +7,6 @@ of CPU (``tests/golden/runs.py`` says why), whatever kernels this test process u
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,9 +22,7 @@ def dumped(tmp_path_factory):
     if why:
         pytest.skip(why)
     out = tmp_path_factory.mktemp("golden")
-    env = {**os.environ, **runs.KERNELS, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(_spec.origin), "--dump", str(out), *runs.NAMES], env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = runs.dump_fresh(list(runs.NAMES), out, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 

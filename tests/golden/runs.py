@@ -162,10 +162,20 @@ def dump(names: list[str], out: Path) -> None:
             (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
+def dump_fresh(names: list[str], out: Path, timeout: float) -> Any:
+    """``--dump`` of ``names`` into ``out`` in a fresh process at one thread with the kernels the files were recorded
+    with (what the golden tests compare); the finished process."""
+    import subprocess
+
+    env = {**os.environ, **KERNELS, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, __file__, "--dump", str(out), *names], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 SETS = {"": HERE, "amx": HERE / "amx"}
+"""The recorded sets: name -> folder (``""``: this folder)."""
 ALL = [*NAMES, *REAL]
 """Every run ``--record`` and ``--dump`` know; ``--record`` alone records :data:`NAMES` (the real ones by name)."""
-"""The recorded sets: name -> folder (``""``: this folder)."""
 
 
 def golden_path(name: str, which: str = "") -> Path:

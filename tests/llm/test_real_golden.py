@@ -13,9 +13,6 @@ on this kind of CPU."""
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,9 +60,7 @@ def dumped(tmp_path_factory):
     if why:
         pytest.skip(why)
     out = tmp_path_factory.mktemp("real-golden")
-    env = {**os.environ, **runs.KERNELS, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(_spec.origin), "--dump", str(out), *runs.REAL], env=env,
-                          capture_output=True, text=True, timeout=3600)
+    proc = runs.dump_fresh(list(runs.REAL), out, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
